@@ -1,0 +1,247 @@
+"""Layered configuration: core defaults < algorithm defaults < file < ``--set``.
+
+Components (dataset, partitioner, model, trainer, aggregator) each own a config section named after their kind;
+the keys allowed in a section are the core's common keys for it plus the parameters the chosen component
+declares. So ``trainer.mu`` exists only when the trainer is FedProx, and a typo anywhere is rejected with a
+did-you-mean instead of being silently ignored.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from easydict import EasyDict
+
+from .errors import ConfigError, did_you_mean
+from .params import Param, ParamSpec, non_negative, open_unit_interval, parse_value, positive, ratio_range
+from . import registry as reg
+
+# Core keys: sections with fixed keys ------------------------------------------------------------------------
+CORE_SCHEMA: Dict[str, Any] = {
+    "algorithm": Param("fedavg", "algorithm plugin: picks the default trainer, aggregator and their defaults"),
+    "seed": Param(0, "seed of every RNG in the run (partition, init, sampling, batches)"),
+    "rounds": Param(30, "number of communication rounds", check=positive),
+    "device": Param("auto", "torch device: auto (cuda when available), cpu, cuda, cuda:N"),
+    "output_dir": Param("runs", "folder that receives one sub-folder per run"),
+    "run_name": Param(None, "run sub-folder name (default: <algorithm>-<dataset>-<timestamp>)", type=str),
+    "participation": {
+        "join_ratio": Param(1.0, "fraction of clients selected each round", check=open_unit_interval),
+        "random_join_ratio": Param(None, "[low, high]: draw each round's join ratio uniformly from this range "
+                                         "(drop-out experiments); overrides join_ratio", type=list, check=ratio_range),
+    },
+    "train": {
+        "optimizer": Param("sgd", "client optimizer", choices=("sgd", "adam")),
+        "lr": Param(0.05, "client learning rate", check=positive),
+        "momentum": Param(0.0, "SGD momentum", check=non_negative),
+        "weight_decay": Param(0.0, "L2 weight decay", check=non_negative),
+        "batch_size": Param(32, "client mini-batch size", check=positive),
+        "local_epochs": Param(1, "local epochs per round", check=positive),
+        "eval_batch_size": Param(1024, "batch size for evaluation", check=positive),
+    },
+    "eval": {
+        "every": Param(1, "evaluate all clients every N rounds (and always after the last round)", check=positive),
+        "final_k": Param(5, "'final' metric = mean of the last k evaluations", check=positive),
+    },
+    "checkpoint": {
+        "every": Param(5, "write a checkpoint every N rounds (and after the last round); 0 disables periodic ones",
+                       check=non_negative),
+    },
+    "failures": {
+        "on_client_error": Param("skip", "a client whose code raises: skip it this round, or abort the run",
+                                 choices=("skip", "abort")),
+        "rollback": Param(True, "restore a failed or rejected client's state to before the call"),
+    },
+    "split": {
+        "test_ratio": Param(0.25, "per-client test fraction (stratified by label)", check=open_unit_interval),
+        "train_size": Param(None, "fixed train samples per client (with test_size; overrides test_ratio)", type=int),
+        "test_size": Param(None, "fixed test samples per client (with train_size)", type=int),
+    },
+}
+
+# Sections whose keys are: common keys + the chosen component's declared params.
+COMPONENT_SECTIONS: Dict[str, Tuple[reg.Registry, ParamSpec]] = {
+    "dataset": (reg.DATASETS, {
+        "name": Param("digits", "dataset name (fl list datasets)"),
+        "root": Param(None, "folder holding downloaded files (offline use)", type=str),
+        "download": Param(True, "download missing files when online"),
+    }),
+    "partition": (reg.PARTITIONERS, {
+        "name": Param("dirichlet", "partitioner name (fl list partitioners)"),
+        "num_clients": Param(20, "number of clients", check=positive),
+    }),
+    "model": (reg.MODELS, {
+        "name": Param("cnn4", "model name (fl list models)"),
+    }),
+    "trainer": (reg.TRAINERS, {
+        "name": Param("fedavg", "client trainer (set by the algorithm; override to combine freely)"),
+    }),
+    "aggregator": (reg.AGGREGATORS, {
+        "name": Param("fedavg", "server aggregator (set by the algorithm; override to combine freely)"),
+    }),
+}
+
+
+def component_params(obj: Any) -> ParamSpec:
+    """The hyperparameters a component declares (``params`` attribute; may be absent)."""
+    return dict(getattr(obj, "params", None) or {})
+
+
+# Merging ---------------------------------------------------------------------------------------------------
+def deep_merge(base: Dict[str, Any], over: Mapping[str, Any]) -> Dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def parse_sets(items: Iterable[str]) -> Dict[str, Any]:
+    """``["train.lr=0.1", "participation.random_join_ratio=[0.1,1]"]`` -> nested dict."""
+    out: Dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.lr=0.01")
+        key, _, text = item.partition("=")
+        key = key.strip()
+        if not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"--set {item!r}: empty key")
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {key}: '{p}' is set both as a value and as a section")
+            node = nxt
+        node[parts[-1]] = parse_value(text)
+    return out
+
+
+def load_file(path: str | Path) -> Dict[str, Any]:
+    """Read a TOML or JSON config file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover
+                import tomli as tomllib
+            data = tomllib.loads(text)
+    except Exception as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be parsed: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must contain a table/object at the top level")
+    return data
+
+
+def core_defaults() -> Dict[str, Any]:
+    def _defaults(spec: Mapping[str, Any]) -> Dict[str, Any]:
+        return {k: (_defaults(v) if isinstance(v, Mapping) else v.default) for k, v in spec.items()}
+
+    out = _defaults(CORE_SCHEMA)
+    for section, (_, common) in COMPONENT_SECTIONS.items():
+        out[section] = {"name": common["name"].default}
+    return out
+
+
+# Validation ------------------------------------------------------------------------------------------------
+def _validate_section(prefix: str, values: Mapping[str, Any], spec: Mapping[str, Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in values.items():
+        full = f"{prefix}{key}"
+        if key not in spec:
+            known = ", ".join(sorted(spec)) or "(none)"
+            raise ConfigError(f"unknown key '{full}'.{did_you_mean(key, spec)} Valid keys here: {known}")
+        rule = spec[key]
+        if isinstance(rule, Mapping):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{full}: expected a section (table), got {value!r}")
+            out[key] = _validate_section(full + ".", value, rule)
+        else:
+            out[key] = rule.validate(full, value)
+    for key, rule in spec.items():  # fill defaults
+        if key not in out:
+            out[key] = (_validate_section(f"{prefix}{key}.", {}, rule) if isinstance(rule, Mapping)
+                        else copy.deepcopy(rule.default))
+    return out
+
+
+def resolve(layers: List[Mapping[str, Any]], algorithm: Optional[str] = None) -> EasyDict:
+    """Merge the user layers over core and algorithm defaults, then validate every key.
+
+    ``layers`` are file and ``--set`` overlays in increasing precedence; ``algorithm`` (from ``--plugin``)
+    outranks them all.
+    """
+    user: Dict[str, Any] = {}
+    for layer in layers:
+        user = deep_merge(user, layer)
+    if algorithm is not None:
+        user["algorithm"] = algorithm
+    algo_name = user.get("algorithm", CORE_SCHEMA["algorithm"].default)
+    if not isinstance(algo_name, str):
+        raise ConfigError(f"algorithm: expected a name, got {algo_name!r}")
+    algo = reg.ALGORITHMS.get(algo_name)
+    algo_defaults = copy.deepcopy(dict(getattr(algo, "defaults", {}) or {}))
+    algo_defaults.setdefault("trainer", {}).setdefault("name", algo.trainer)
+    algo_defaults.setdefault("aggregator", {}).setdefault("name", algo.aggregator)
+
+    # An algorithm's defaults for a component section only apply while that component stays the one the
+    # algorithm chose: switching ``trainer.name`` must not drag the old trainer's keys along.
+    for section in COMPONENT_SECTIONS:
+        chosen = user.get(section, {}).get("name") if isinstance(user.get(section), Mapping) else None
+        algo_sec = algo_defaults.get(section)
+        if chosen is not None and algo_sec is not None and algo_sec.get("name", chosen) != chosen:
+            algo_defaults[section] = {"name": chosen}
+
+    merged = deep_merge(deep_merge(core_defaults(), algo_defaults), user)
+
+    unknown_top = set(merged) - set(CORE_SCHEMA) - set(COMPONENT_SECTIONS)
+    if unknown_top:
+        key = sorted(unknown_top)[0]
+        valid = sorted(set(CORE_SCHEMA) | set(COMPONENT_SECTIONS))
+        raise ConfigError(f"unknown key '{key}'.{did_you_mean(key, valid)} Valid top-level keys: {', '.join(valid)}")
+
+    out: Dict[str, Any] = _validate_section("", {k: v for k, v in merged.items() if k in CORE_SCHEMA}, CORE_SCHEMA)
+    for section, (registry, common) in COMPONENT_SECTIONS.items():
+        values = merged.get(section, {})
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{section}: expected a section with at least 'name', got {values!r}")
+        name = values.get("name", common["name"].default)
+        if not isinstance(name, str):
+            raise ConfigError(f"{section}.name: expected a name, got {name!r}")
+        component = registry.get(name)
+        spec = dict(common)
+        spec.update(component_params(component))
+        out[section] = _validate_section(section + ".", values, spec)
+    _check_cross_field(out)
+    return EasyDict(out)
+
+
+def _check_cross_field(cfg: Mapping[str, Any]) -> None:
+    split = cfg["split"]
+    if (split["train_size"] is None) != (split["test_size"] is None):
+        raise ConfigError("split.train_size and split.test_size must be given together")
+    for key in ("train_size", "test_size"):
+        if split[key] is not None and split[key] <= 0:
+            raise ConfigError(f"split.{key}: must be > 0")
+    trainer = reg.TRAINERS.get(cfg["trainer"]["name"])
+    aggregator = reg.AGGREGATORS.get(cfg["aggregator"]["name"])
+    tp, ap = getattr(trainer, "protocol", None), getattr(aggregator, "protocol", None)
+    if tp != ap:
+        raise ConfigError(
+            f"trainer '{cfg['trainer']['name']}' speaks protocol {tp!r} but aggregator "
+            f"'{cfg['aggregator']['name']}' expects {ap!r}; pick a matching pair (fl show NAME tells each protocol)")
+
+
+def to_plain(cfg: Mapping[str, Any]) -> Dict[str, Any]:
+    """EasyDict -> plain JSON-able dict."""
+    return json.loads(json.dumps(cfg, default=lambda o: list(o) if isinstance(o, tuple) else str(o)))

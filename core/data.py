@@ -1,0 +1,189 @@
+"""From a dataset to per-client tensors: load, partition, split per client, move to the device once."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from easydict import EasyDict
+
+from . import registry as reg
+from .errors import DataError
+from .seeding import derive_seed
+from .task import Task
+from .training import TensorData
+
+
+@dataclass
+class DatasetBundle:
+    """What a dataset plugin returns: the pooled samples of one task, held in memory as tensors.
+
+    ``groups`` (optional) gives each sample's natural owner (a domain, a writer, a synthetic client); the
+    ``by_group`` partitioners use it. ``transform`` runs on each batch on the device (e.g. uint8 -> normalised
+    float), so large image sets stay compact in memory.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    task: Task
+    input_shape: Sequence[int]
+    groups: Optional[torch.Tensor] = None
+    group_names: Optional[List[str]] = None
+    transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    class_names: Optional[List[str]] = None
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise DataError(f"dataset has {len(self.x)} inputs but {len(self.y)} targets")
+        if self.groups is not None and len(self.groups) != len(self.y):
+            raise DataError("dataset groups must give one group per sample")
+
+    @property
+    def num_classes(self) -> int:
+        return self.task.output_dim
+
+    def labels_for_partition(self) -> np.ndarray:
+        """Labels used by label-skew partitioners (regression targets are binned into 10 quantiles)."""
+        if self.task.kind == "classification":
+            return self.y.cpu().numpy().astype(np.int64)
+        y = self.y.reshape(len(self.y), -1)[:, 0].cpu().numpy()
+        edges = np.quantile(y, np.linspace(0, 1, 11)[1:-1])
+        return np.searchsorted(edges, y).astype(np.int64)
+
+
+@dataclass
+class ClientSplit:
+    train: np.ndarray  # indices into the pooled dataset
+    test: np.ndarray
+
+
+@dataclass
+class FederatedData:
+    bundle: DatasetBundle
+    splits: List[ClientSplit]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.splits)
+
+    def client_tensors(self, cid: int, device: torch.device) -> tuple[TensorData, TensorData]:
+        s = self.splits[cid]
+        b = self.bundle
+
+        def take(idx: np.ndarray) -> TensorData:
+            t = torch.as_tensor(idx, dtype=torch.long)
+            return TensorData(b.x[t].to(device), b.y[t].to(device), b.transform)
+
+        return take(s.train), take(s.test)
+
+    def summary(self) -> Dict[str, Any]:
+        labels = self.bundle.labels_for_partition()
+        n_labels = int(labels.max()) + 1 if len(labels) else 0
+        clients = []
+        for cid, s in enumerate(self.splits):
+            clients.append({
+                "client": cid, "train": len(s.train), "test": len(s.test),
+                "train_label_counts": np.bincount(labels[s.train], minlength=n_labels).tolist(),
+                "test_label_counts": np.bincount(labels[s.test], minlength=n_labels).tolist(),
+            })
+        return {"num_clients": self.num_clients, "num_labels": n_labels, "clients": clients}
+
+    def save(self, path: Path) -> None:
+        doc = self.summary()
+        for c, s in zip(doc["clients"], self.splits):
+            c["train_indices"] = s.train.tolist()
+            c["test_indices"] = s.test.tolist()
+        path.write_text(json.dumps(doc))
+
+    @staticmethod
+    def load_splits(path: Path) -> List[ClientSplit]:
+        doc = json.loads(path.read_text())
+        return [ClientSplit(np.asarray(c["train_indices"], dtype=np.int64),
+                            np.asarray(c["test_indices"], dtype=np.int64)) for c in doc["clients"]]
+
+
+def split_train_test(indices: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
+                     test_ratio: float = 0.25, train_size: Optional[int] = None,
+                     test_size: Optional[int] = None) -> ClientSplit:
+    """Stratified per-client split, so a client's test set follows its training distribution.
+
+    With ``train_size``/``test_size`` the client's samples are first subsampled (stratified) to that total.
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    if train_size is not None:
+        total = train_size + test_size
+        if len(indices) < total:
+            raise DataError(f"a client holds {len(indices)} samples, fewer than train_size + test_size = {total}; "
+                            f"use the 'fixed' partitioner or lower the sizes")
+        test_ratio = test_size / total
+        indices = _stratified_take(indices, labels, total, rng)
+    train_parts, test_parts = [], []
+    for lab in np.unique(labels[indices]):
+        members = rng.permutation(indices[labels[indices] == lab])
+        train_parts.append(members)
+    # Allocate test counts per label by largest remainder so the total is exact.
+    sizes = np.array([len(p) for p in train_parts])
+    n_test_total = int(round(len(indices) * test_ratio)) if test_size is None else test_size
+    n_test_total = min(n_test_total, len(indices) - 1) if len(indices) > 1 else 0
+    quota = sizes * (n_test_total / max(1, len(indices)))
+    n_test = np.floor(quota).astype(int)
+    for i in np.argsort(-(quota - n_test))[: n_test_total - n_test.sum()]:
+        n_test[i] += 1
+    for members, k in zip(train_parts, n_test):
+        test_parts.append(members[:k])
+    train = np.concatenate([m[k:] for m, k in zip(train_parts, n_test)]) if train_parts else indices[:0]
+    test = np.concatenate(test_parts) if test_parts else indices[:0]
+    return ClientSplit(np.sort(train), np.sort(test))
+
+
+def _stratified_take(indices: np.ndarray, labels: np.ndarray, total: int, rng: np.random.Generator) -> np.ndarray:
+    labs, counts = np.unique(labels[indices], return_counts=True)
+    quota = counts * total / len(indices)
+    take = np.floor(quota).astype(int)
+    for i in np.argsort(-(quota - take))[: total - take.sum()]:
+        take[i] += 1
+    parts = [rng.permutation(indices[labels[indices] == lab])[:k] for lab, k in zip(labs, take)]
+    return np.concatenate(parts)
+
+
+def load_dataset(cfg: EasyDict) -> DatasetBundle:
+    loader = reg.DATASETS.get(cfg.dataset.name)
+    args = {k: v for k, v in cfg.dataset.items() if k != "name"}
+    bundle = loader(**args)
+    if not isinstance(bundle, DatasetBundle):
+        raise DataError(f"dataset '{cfg.dataset.name}' returned {type(bundle).__name__}, not a DatasetBundle")
+    return bundle
+
+
+def partition_indices(cfg: EasyDict, bundle: DatasetBundle) -> List[np.ndarray]:
+    partitioner = reg.PARTITIONERS.get(cfg.partition.name)
+    args = {k: v for k, v in cfg.partition.items() if k not in ("name", "num_clients")}
+    rng = np.random.default_rng(derive_seed(cfg.seed, "partition"))
+    parts = partitioner(labels=bundle.labels_for_partition(), num_clients=cfg.partition.num_clients, rng=rng,
+                        groups=None if bundle.groups is None else bundle.groups.cpu().numpy(), **args)
+    if len(parts) != cfg.partition.num_clients:
+        raise DataError(f"partitioner '{cfg.partition.name}' produced {len(parts)} clients, "
+                        f"expected partition.num_clients = {cfg.partition.num_clients}")
+    return [np.asarray(p, dtype=np.int64) for p in parts]
+
+
+def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
+                         splits: Optional[List[ClientSplit]] = None) -> FederatedData:
+    """Load, partition and split; the same config and seed always give the same clients."""
+    bundle = bundle if bundle is not None else load_dataset(cfg)
+    if splits is None:
+        parts = partition_indices(cfg, bundle)
+        labels = bundle.labels_for_partition()
+        rng = np.random.default_rng(derive_seed(cfg.seed, "split"))
+        splits = []
+        for cid, idx in enumerate(parts):
+            if len(idx) < 2:
+                raise DataError(f"client {cid} received {len(idx)} samples; it needs at least 2 "
+                                f"(raise the partitioner's min_size or lower partition.num_clients)")
+            splits.append(split_train_test(idx, labels, rng, cfg.split.test_ratio,
+                                           cfg.split.train_size, cfg.split.test_size))
+    return FederatedData(bundle, splits)

@@ -1,0 +1,88 @@
+"""Evaluation maths: per-client results -> uniform / weighted means and spread; final vs best over rounds."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+
+def summarize(results: Mapping[int, Mapping[str, float]], metric: str = "accuracy") -> Dict[str, float]:
+    """``results``: cid -> {num_samples, loss_sum, metric_sum}. Returns the round's evaluation scalars.
+
+    uniform = mean over clients of each client's own metric; weighted = pooled over all test samples.
+    """
+    if not results:
+        return {}
+    n = np.array([r["num_samples"] for r in results.values()], dtype=np.float64)
+    m_sum = np.array([r["metric_sum"] for r in results.values()], dtype=np.float64)
+    l_sum = np.array([r["loss_sum"] for r in results.values()], dtype=np.float64)
+    keep = n > 0
+    per_client = m_sum[keep] / n[keep]
+    per_loss = l_sum[keep] / n[keep]
+    return {
+        f"{metric}/uniform": float(per_client.mean()),
+        f"{metric}/weighted": float(m_sum.sum() / n.sum()),
+        f"{metric}/std": float(per_client.std()),
+        f"{metric}/min": float(per_client.min()),
+        f"{metric}/max": float(per_client.max()),
+        f"{metric}/p10": float(np.percentile(per_client, 10)),
+        f"{metric}/p90": float(np.percentile(per_client, 90)),
+        "test_loss/uniform": float(per_loss.mean()),
+        "test_loss/weighted": float(l_sum.sum() / n.sum()),
+        "clients_evaluated": int(keep.sum()),
+    }
+
+
+def per_client_metric(results: Mapping[int, Mapping[str, float]]) -> Dict[int, float]:
+    return {cid: r["metric_sum"] / r["num_samples"] for cid, r in results.items() if r["num_samples"] > 0}
+
+
+@dataclass
+class History:
+    """Evaluations over rounds; reports the final value (mean of the last k) and the best, both labelled."""
+
+    metric: str
+    higher_is_better: bool
+    rounds: List[int] = field(default_factory=list)
+    records: List[Dict[str, float]] = field(default_factory=list)
+
+    def add(self, rnd: int, summary: Dict[str, float]) -> None:
+        self.rounds.append(rnd)
+        self.records.append(dict(summary))
+
+    def truncate(self, last_round: int) -> None:
+        keep = [i for i, r in enumerate(self.rounds) if r <= last_round]
+        self.rounds = [self.rounds[i] for i in keep]
+        self.records = [self.records[i] for i in keep]
+
+    def series(self, key: str) -> List[float]:
+        return [r[key] for r in self.records if key in r]
+
+    def final(self, k: int) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"k": min(k, len(self.records))}
+        for agg in ("uniform", "weighted", "std"):
+            vals = self.series(f"{self.metric}/{agg}")[-k:]
+            out[agg] = float(np.mean(vals)) if vals else math.nan
+        return out
+
+    def best(self) -> Dict[str, Any]:
+        vals = self.series(f"{self.metric}/uniform")
+        if not vals:
+            return {"uniform": math.nan, "round": None}
+        i = int(np.argmax(vals) if self.higher_is_better else np.argmin(vals))
+        return {"uniform": vals[i], "weighted": self.records[i].get(f"{self.metric}/weighted"),
+                "round": self.rounds[i]}
+
+    def summary(self, k: int) -> Dict[str, Any]:
+        return {"metric": self.metric, "higher_is_better": self.higher_is_better,
+                "final": self.final(k), "best": self.best(), "evaluations": len(self.records),
+                "last": self.records[-1] if self.records else {}}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"rounds": self.rounds, "records": self.records}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.rounds = list(state["rounds"])
+        self.records = [dict(r) for r in state["records"]]

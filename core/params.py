@@ -1,0 +1,98 @@
+"""Declared hyperparameters: every configurable key has a default, a meaning and a validity rule."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Param:
+    """One configurable key.
+
+    ``type`` is inferred from ``default`` when omitted; ``check`` returns a reason string when a value is invalid.
+    """
+
+    default: Any
+    help: str
+    choices: Optional[Tuple[Any, ...]] = None
+    check: Optional[Callable[[Any], Optional[str]]] = None
+    type: Optional[type] = None
+    nullable: bool = False
+
+    def value_type(self) -> Optional[type]:
+        if self.type is not None:
+            return self.type
+        if self.default is None:
+            return None
+        return type(self.default)
+
+    def validate(self, key: str, value: Any) -> Any:
+        """Coerce ``value`` to this parameter's type or raise a ConfigError naming ``key`` and the reason."""
+        if value is None:
+            if self.nullable or self.default is None:
+                return None
+            raise ConfigError(f"{key}: must not be null")
+        expected = self.value_type()
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        elif expected is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        elif expected is tuple and isinstance(value, list):
+            value = tuple(value)
+        elif expected is list and isinstance(value, tuple):
+            value = list(value)
+        if expected is not None and not (isinstance(value, expected) and
+                                         not (expected is int and isinstance(value, bool))):
+            raise ConfigError(f"{key}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, self.choices))}")
+        if self.check is not None:
+            reason = self.check(value)
+            if reason:
+                raise ConfigError(f"{key}: {value!r} is invalid: {reason}")
+        return value
+
+
+# Reusable checks -----------------------------------------------------------------------------------------
+def positive(v: Any) -> Optional[str]:
+    return None if v > 0 else "must be > 0"
+
+
+def non_negative(v: Any) -> Optional[str]:
+    return None if v >= 0 else "must be >= 0"
+
+
+def unit_interval(v: Any) -> Optional[str]:
+    return None if 0 <= v <= 1 else "must lie in [0, 1]"
+
+
+def open_unit_interval(v: Any) -> Optional[str]:
+    return None if 0 < v <= 1 else "must lie in (0, 1]"
+
+
+def ratio_range(v: Sequence[float]) -> Optional[str]:
+    if len(v) != 2:
+        return "must be a pair [low, high]"
+    lo, hi = v
+    if not (0 < lo <= hi <= 1):
+        return "needs 0 < low <= high <= 1"
+    return None
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set`` value: JSON literals (numbers, true/false/null, lists, objects), else the raw string."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        low = text.strip().lower()
+        if low in ("none", "null"):
+            return None
+        if low in ("true", "false"):
+            return low == "true"
+        return text
+
+
+ParamSpec = Dict[str, Param]

@@ -1,0 +1,119 @@
+"""Server side of the protocol: the strategy that drives each round, and the global-model base.
+
+Round protocol (``ServerAggregator.run_round``), modelled on Flower's Strategy:
+
+    configure_fit(rnd, selected)      -> {cid: Message}      one message per selected client
+    comm.send(...)                    -> {cid: reply}        failed / rejected clients are absent
+    aggregate_fit(rnd, replies)       -> {cid: Message}|None optional push delivered to clients right away
+    configure_evaluate(rnd, clients)  -> {cid: Message}      the runner then evaluates *all* clients
+
+Strategies with more phases (pre-training, cross-client work) override ``setup`` or ``run_round`` and call
+``comm.send`` as often as they need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from easydict import EasyDict
+from torch import nn
+
+from .params import ParamSpec
+from .protocol import Message
+from .state import State, clone_state, weighted_average
+from .task import Task
+
+
+@dataclass
+class ServerContext:
+    """What the server may use: configuration, model factory and metadata -- never client data."""
+
+    hp: EasyDict  # this aggregator's hyperparameters (config section ``aggregator``)
+    cfg: EasyDict  # the whole resolved configuration (read-only by convention)
+    task: Task
+    num_clients: int
+    build_model: Callable[[], nn.Module]
+    shared_keys: Optional[List[str]]  # what global-model trainers upload, when the trainer declares it
+    device: torch.device
+    seed: int
+    logger: Any  # monitor.RunLogger: log_scalar / log_histogram / log_image / log_text
+    rng: np.random.Generator = None  # reseeded from (seed, round) before every round
+
+
+class ServerAggregator:
+    """Base of every server strategy. Subclasses set ``protocol`` and implement the hooks they need."""
+
+    protocol: str = ""
+    params: ParamSpec = {}
+    description: str = ""
+
+    def __init__(self, ctx: ServerContext):
+        self.ctx = ctx
+
+    def setup(self, comm) -> None:
+        """Called once before round 1 (e.g. to pre-train a shared generative model)."""
+
+    def run_round(self, rnd: int, selected: Sequence[int], comm) -> None:
+        replies = comm.send(self.configure_fit(rnd, selected))
+        push = self.aggregate_fit(rnd, replies)
+        if push:
+            comm.send(push)
+
+    def configure_fit(self, rnd: int, selected: Sequence[int]) -> Dict[int, Message]:
+        return {cid: Message("fit") for cid in selected}
+
+    def aggregate_fit(self, rnd: int, replies: Dict[int, Dict[str, Any]]) -> Optional[Dict[int, Message]]:
+        return None
+
+    def configure_evaluate(self, rnd: int, clients: Sequence[int]) -> Dict[int, Message]:
+        return {cid: Message("evaluate") for cid in clients}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        pass
+
+
+class GlobalModelAggregator(ServerAggregator):
+    """The "global-model" protocol: broadcast shared state, combine uploads into the next global state.
+
+    ``combine`` is the only thing most aggregators change (FedAvg: sample-weighted mean; FedSA: its own rule).
+    Evaluation sends the current global state, so every client is scored on the latest model (personal parts,
+    where the trainer keeps any, stay the client's own).
+    """
+
+    protocol = "global-model"
+
+    def __init__(self, ctx: ServerContext):
+        super().__init__(ctx)
+        sd = ctx.build_model().state_dict()
+        keys = ctx.shared_keys if ctx.shared_keys is not None else list(sd)
+        self.global_state: State = {k: sd[k].detach().clone() for k in keys}
+
+    def configure_fit(self, rnd: int, selected: Sequence[int]) -> Dict[int, Message]:
+        return {cid: Message("fit", {"params": self.global_state}) for cid in selected}
+
+    def aggregate_fit(self, rnd: int, replies: Dict[int, Dict[str, Any]]) -> None:
+        if not replies:
+            return None
+        cids = sorted(replies)
+        states = [replies[c]["params"] for c in cids]
+        weights = [float(replies[c]["num_samples"]) for c in cids]
+        combined = self.combine(states, weights, cids)
+        self.global_state.update(combined)
+        return None
+
+    def combine(self, states: List[State], weights: List[float], cids: List[int]) -> State:
+        return weighted_average(states, weights)
+
+    def configure_evaluate(self, rnd: int, clients: Sequence[int]) -> Dict[int, Message]:
+        return {cid: Message("evaluate", {"params": self.global_state}) for cid in clients}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"global_state": self.global_state}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.global_state = clone_state(state["global_state"])

@@ -1,0 +1,72 @@
+"""State-dict helpers shared by trainers and aggregators (one implementation of each mechanic)."""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+State = Dict[str, torch.Tensor]
+
+
+def clone_state(state: Mapping[str, torch.Tensor]) -> State:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def subset(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> State:
+    return {k: state[k] for k in keys}
+
+
+def detached_state(model: nn.Module, keys: Optional[Iterable[str]] = None) -> State:
+    """Copies of ``model``'s state tensors (all, or ``keys``): safe to send, since training will not alter them."""
+    sd = model.state_dict()
+    keys = sd.keys() if keys is None else keys
+    return {k: sd[k].detach().clone() for k in keys}
+
+
+def bn_keys(model: nn.Module, include_affine: bool = False) -> List[str]:
+    """State keys belonging to batch-norm layers: running statistics, plus weight/bias if ``include_affine``."""
+    out: List[str] = []
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, nn.modules.batchnorm._NormBase):
+            prefix = f"{mod_name}." if mod_name else ""
+            names = ["running_mean", "running_var", "num_batches_tracked"]
+            if include_affine:
+                names += ["weight", "bias"]
+            out += [prefix + n for n in names if (prefix + n) in model.state_dict()]
+    return out
+
+
+def module_keys(model: nn.Module, prefix: str) -> List[str]:
+    """State keys under a sub-module name (e.g. 'features' or 'head')."""
+    return [k for k in model.state_dict() if k == prefix or k.startswith(prefix + ".")]
+
+
+def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> State:
+    """Per-key weighted mean; integer tensors (e.g. BN batch counters) take the first client's value."""
+    if not states:
+        raise ValueError("weighted_average of no states")
+    w = torch.as_tensor(list(weights), dtype=torch.float64)
+    w = w / w.sum()
+    out: State = {}
+    for key in states[0]:
+        ref = states[0][key]
+        if not ref.is_floating_point():
+            out[key] = ref.clone()
+            continue
+        stacked = torch.stack([s[key].to(ref.dtype) for s in states])
+        out[key] = torch.tensordot(w.to(device=ref.device, dtype=ref.dtype), stacked, dims=1)
+    return out
+
+
+def load_into(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``state`` (any subset of keys) into ``model`` in place, without touching the other keys."""
+    own = model.state_dict()
+    with torch.no_grad():
+        for k, v in state.items():
+            own[k].copy_(v)
+
+
+def flatten(state: Mapping[str, torch.Tensor], keys: Optional[Iterable[str]] = None) -> torch.Tensor:
+    keys = list(state) if keys is None else list(keys)
+    return torch.cat([state[k].reshape(-1).float() for k in keys]) if keys else torch.zeros(0)

@@ -1,0 +1,30 @@
+"""Helpers for plugin tests: a tiny, fast, fully seeded run on the embedded dataset."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from .config import deep_merge, parse_sets, resolve
+from .simulation import Simulation
+
+TINY: Dict[str, Any] = {
+    "rounds": 2, "device": "cpu",
+    "partition": {"num_clients": 4},
+    "model": {"name": "mlp", "hidden": [32]},
+    "train": {"batch_size": 32, "local_epochs": 1},
+    "checkpoint": {"every": 0},
+}
+
+
+def tiny_config(algorithm: str, overrides: Optional[Dict[str, Any]] = None, sets: tuple = ()):
+    """A resolved config for ``algorithm`` sized for unit tests (4 clients, 2 rounds, small MLP)."""
+    layer = deep_merge(TINY, overrides or {})
+    return resolve([layer, parse_sets(sets)], algorithm=algorithm)
+
+
+def quick_run(algorithm: str, tmp_path: Path, overrides: Optional[Dict[str, Any]] = None, sets: tuple = (),
+              **sim_kwargs) -> Dict[str, Any]:
+    """Run ``algorithm`` on a tiny config in ``tmp_path/run`` and return the run summary."""
+    cfg = tiny_config(algorithm, overrides, sets)
+    sim = Simulation(cfg, run_dir=Path(tmp_path) / "run", tensorboard=False, **sim_kwargs)
+    return sim.run()

@@ -1,0 +1,122 @@
+"""The one local-training loop and the one evaluation loop every trainer uses.
+
+Data live as tensors on the training device; mini-batches are index slices from a seeded permutation, so there
+is no DataLoader, no per-sample Python and no re-reading. Losses are accumulated on the device and synchronised
+once per call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .task import Task
+
+
+@dataclass
+class TensorData:
+    """A client's split: inputs and targets on one device, plus an optional per-batch input transform."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def batch(self, idx: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        x = self.x[idx]
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, self.y[idx]
+
+    def all(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        x = self.x if self.transform is None else self.transform(self.x)
+        return x, self.y
+
+
+def minibatches(data: TensorData, batch_size: int, epochs: int = 1, shuffle: bool = True,
+                generator: Optional[torch.Generator] = None, drop_last: bool = False
+                ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """Yield ``epochs`` passes of mini-batches; one seeded permutation per epoch."""
+    n = len(data)
+    if n == 0:
+        return
+    for _ in range(epochs):
+        order = (torch.randperm(n, generator=generator) if shuffle else torch.arange(n)).to(data.y.device)
+        stop = n - (n % batch_size) if drop_last and n >= batch_size else n
+        for start in range(0, stop, batch_size):
+            yield data.batch(order[start:start + batch_size])
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], train_cfg, lr: Optional[float] = None
+                   ) -> torch.optim.Optimizer:
+    """Build the configured optimizer (``train.optimizer``/``lr``/``momentum``/``weight_decay``)."""
+    lr = train_cfg.lr if lr is None else lr
+    params = [p for p in params if p.requires_grad]
+    if train_cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=train_cfg.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
+
+
+def run_sgd(batches: Iterable[Tuple[torch.Tensor, torch.Tensor]],
+            compute_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+            optimizer: torch.optim.Optimizer,
+            after_step: Optional[Callable[[], None]] = None) -> float:
+    """Minimise ``compute_loss`` over ``batches``; returns the mean training loss (one device sync)."""
+    total = None
+    steps = 0
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = compute_loss(x, y)
+        loss.backward()
+        optimizer.step()
+        if after_step is not None:
+            after_step()
+        total = loss.detach() if total is None else total + loss.detach()
+        steps += 1
+    return float(total.item()) / steps if steps else 0.0
+
+
+@dataclass
+class EvalResult:
+    """Sums over one client's test split (means are taken by the evaluation summary)."""
+
+    num_samples: int
+    loss_sum: float
+    metric_sum: float
+
+    @property
+    def metric(self) -> float:
+        return self.metric_sum / self.num_samples if self.num_samples else float("nan")
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.num_samples if self.num_samples else float("nan")
+
+    def as_dict(self) -> dict:
+        return {"num_samples": self.num_samples, "loss_sum": self.loss_sum, "metric_sum": self.metric_sum}
+
+
+@torch.no_grad()
+def evaluate(forward: Callable[[torch.Tensor], torch.Tensor] | nn.Module, data: TensorData, task: Task,
+             batch_size: int = 1024) -> EvalResult:
+    """Score ``forward`` on ``data`` with the task's loss and metric."""
+    modules = [forward] if isinstance(forward, nn.Module) else []
+    was_training = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    loss_sum = torch.zeros((), device=data.y.device)
+    metric_sum = torch.zeros((), device=data.y.device)
+    try:
+        for x, y in minibatches(data, batch_size, shuffle=False):
+            out = forward(x)
+            loss_sum += task.loss(out, y, reduction="sum") if task.kind == "classification" else \
+                task.loss(out, y, reduction="sum") / max(1, y[0].numel())
+            metric_sum += task.metric_sum(out, y)
+    finally:
+        for m, t in zip(modules, was_training):
+            m.train(t)
+    return EvalResult(len(data), float(loss_sum.item()), float(metric_sum.item()))

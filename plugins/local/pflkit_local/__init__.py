@@ -1,0 +1,31 @@
+"""Local training: each client trains its own model on its own data; no parameter ever leaves a client.
+
+The lower reference point of every pFL table ("Local" / "Local-only").
+"""
+from typing import Any, Dict, Sequence
+
+from pflkit.core import Algorithm, LocalSGDTrainer, Message, ServerAggregator
+
+
+class LocalTrainer(LocalSGDTrainer):
+    """Trains the personal model locally each time it is selected; uploads only its loss and sample count."""
+
+    protocol = "local"
+    description = "trains alone; uploads nothing but its loss"
+
+    def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        return {"num_samples": self.ctx.num_train, "train_loss": self.local_update()}
+
+
+class NoAggregator(ServerAggregator):
+    """Sends bare 'fit' instructions and aggregates nothing."""
+
+    protocol = "local"
+    description = "aggregates nothing (clients train alone)"
+
+
+ALGORITHM = Algorithm(
+    trainer="local", aggregator="none",
+    description="Local: each client trains alone (no communication of parameters)",
+    defaults={"model": {"name": "cnn4"}, "train": {"lr": 0.05, "batch_size": 32, "local_epochs": 1}},
+)
