@@ -1,0 +1,336 @@
+"""The pure mathematics of FedSA (Wang, Liao, Yuan, Zhang: "the Key of Parameter Skew in Federated Learning").
+
+Everything here works on tensors and knows nothing about clients, messages or configuration; the aggregator in
+``pflkit_fedsa`` wires it to the round protocol. Equation numbers are the paper's (Section 3).
+
+Notation: one "layer" ``j`` is one state tensor (weights and biases separately), flattened to ``M`` entries; the
+``K`` client copies are stacked into ``w_j`` of shape ``(K, M)``.
+
+Reading of the badly typeset method section (see ``shared/papers/NOTES.md``, FedSA):
+
+* Eq. 2-4: ``mu = mean_k w``; ``s = (w - mu)^2`` (K x M, the "square deviation"); ``cv = sqrt(mean_k s) / |mu|``.
+* Eq. 5-6: min-max normalise ``cv`` within the layer; high-dispersion where the normalised value exceeds ``cv_t``.
+* Eq. 7: low-dispersion entries take the client mean ``mu``.
+* Eq. 8-9: each client's deviation ``s`` on each high-dispersion entry is binned into one of ``C`` categories
+  ``(c-1)/C < s' <= c/C``. The printed bins only make sense for ``s' in [0, 1]``, so ``s`` is first normalised per
+  entry across the clients (``mic_norm``: "minmax" default; "max" and the literal "none" are options).
+* Eq. 10: ``SIM(a, b) = 1 - #(high entries where MIC_a != MIC_b) / #(high entries)`` over the whole network.
+* Macro-Classes: the greedy agglomerative procedure of the text (``cluster_clients``).
+* Eq. 11: a cluster's MAC category = the most frequent MIC category of its members (ties: the lowest category).
+* Eq. 12: cluster mean of the members' parameters.
+* Eq. 14: printed without a normalisation that makes the weights sum to one. Our reading (default
+  ``alpha_norm="normalized"``): per entry, cluster ``s`` weighs in proportion to how many clusters share its MAC
+  category, normalised over clusters, so the majority tendency wins (the intent of Figure 2). The literal
+  ``"printed"`` option divides the same counts by ``S x C`` instead (weights then sum to one only when every
+  cluster agrees and S = C, and otherwise shrink the entry towards zero).
+* Eq. 15 / 13: high-dispersion result = ``sum_s alpha_s * cluster_mean_s``; global = low part + high part.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+MIC_NORMS = ("minmax", "max", "none")
+ALPHA_NORMS = ("normalized", "printed")
+
+# Entries per chunk when one-hot encoding MIC categories (bounds the memory of the similarity matmul).
+_CHUNK = 1 << 18
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dispersion split (Eq. 2-7)
+# ---------------------------------------------------------------------------------------------------------
+def coefficient_of_variation(stacked: torch.Tensor, eps: float = 1e-12) -> Tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor]:
+    """Per-entry client mean, squared deviations and coefficient of variation of a ``(K, M)`` stack.
+
+    Returns ``(mu, sq_dev, cv)`` with shapes ``(M,)``, ``(K, M)``, ``(M,)``. An entry on which all clients agree
+    has cv 0 (also when its mean is 0); a non-zero spread around a zero mean gives a very large (finite) cv.
+    """
+    mu = stacked.mean(dim=0)                                   # Eq. 2
+    sq_dev = (stacked - mu).square_()                          # Eq. 3: SD(w_j), K x M
+    std = sq_dev.mean(dim=0).sqrt_()                           # sqrt(1/K * 1_{1xK} s_j)
+    cv = std / mu.abs().clamp_min(eps)                         # Eq. 4
+    return mu, sq_dev, cv
+
+
+def high_dispersion_mask(cv: torch.Tensor, cv_t: float) -> torch.Tensor:
+    """Eq. 5 (and its complement Eq. 6): min-max normalise ``cv`` within the layer, high where ``> cv_t``.
+
+    A layer whose cv is constant (e.g. a single entry, or identical uploads) has no high-dispersion entry.
+    """
+    lo, hi = cv.min(), cv.max()
+    span = hi - lo
+    if not torch.isfinite(span) or span <= 0:
+        return torch.zeros_like(cv, dtype=torch.bool)
+    return (cv - lo) / span > cv_t                             # Eq. 5; r^l (Eq. 6) is its negation
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Micro-Classes (Eq. 8-9)
+# ---------------------------------------------------------------------------------------------------------
+def micro_classes(sq_dev: torch.Tensor, num_categories: int, norm: str = "minmax") -> torch.Tensor:
+    """Eq. 8-9: bin each client's squared deviation on each (high-dispersion) entry into ``1..C``.
+
+    ``sq_dev``: ``(K, M')`` squared deviations of the high-dispersion entries only (the ``r^h`` mask of Eq. 9 is
+    applied by the caller's column selection). Bins are ``(c-1)/C < s' <= c/C`` on the normalised deviation
+    ``s'``; ``s' = 0`` (the lowest deviation, under "minmax") belongs to category 1 and values above 1 (possible
+    only with ``norm="none"``) to category C.
+
+    ``norm``: "minmax" -- ``(s - min_k s) / (max_k s - min_k s)`` per entry (default: uses the whole [0, 1] range,
+    so the C bins separate the clients of every entry); "max" -- ``s / max_k s``; "none" -- the raw squared
+    deviation, as printed (parameters are small, so nearly everything lands in category 1).
+    Returns a ``(K, M')`` uint8 tensor.
+    """
+    if norm not in MIC_NORMS:
+        raise ValueError(f"mic_norm must be one of {MIC_NORMS}, got {norm!r}")
+    if norm == "minmax":
+        lo = sq_dev.min(dim=0).values
+        span = sq_dev.max(dim=0).values - lo
+        scaled = (sq_dev - lo) / span.clamp_min(torch.finfo(sq_dev.dtype).tiny)
+    elif norm == "max":
+        scaled = sq_dev / sq_dev.max(dim=0).values.clamp_min(torch.finfo(sq_dev.dtype).tiny)
+    else:
+        scaled = sq_dev
+    # Eq. 8: category c where (c-1)/C < s' <= c/C, i.e. c = ceil(C * s'), clamped into 1..C
+    cat = torch.ceil(scaled * num_categories).clamp_(1, num_categories)
+    return cat.to(torch.uint8)
+
+
+def mic_agreement(mic: torch.Tensor, num_categories: int) -> torch.Tensor:
+    """``A[a, b]`` = number of entries where clients a and b share a MIC category (float64, ``(K, K)``).
+
+    Vectorised as ``sum_c 1[mic = c] 1[mic = c]^T`` (one-hot matmul), chunked over entries to bound memory.
+    """
+    k, m = mic.shape
+    agree = torch.zeros(k, k, dtype=torch.float64, device=mic.device)
+    cats = torch.arange(1, num_categories + 1, device=mic.device, dtype=mic.dtype)
+    for start in range(0, m, _CHUNK):
+        block = mic[:, start:start + _CHUNK]
+        onehot = (block.unsqueeze(-1) == cats).to(torch.float32).reshape(k, -1)  # K x (M_chunk * C)
+        agree += (onehot @ onehot.T).double()  # exact: counts stay far below float32's 2^24 per chunk
+    return agree
+
+
+def similarity_from_agreement(agreement: torch.Tensor, num_high: int) -> torch.Tensor:
+    """Eq. 10: ``SIM(a, b) = 1 - #mismatch / #high = #agree / #high`` over the whole network."""
+    if num_high <= 0:
+        return torch.ones_like(agreement)
+    return agreement / float(num_high)
+
+
+def client_similarity(mics: Sequence[torch.Tensor], num_categories: int) -> torch.Tensor:
+    """Eq. 10 for MIC maps given layer by layer (each ``(K, M'_j)``)."""
+    if not mics:
+        raise ValueError("client_similarity needs at least one MIC map")
+    agree = sum(mic_agreement(m, num_categories) for m in mics)
+    return similarity_from_agreement(agree, sum(int(m.shape[1]) for m in mics))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Macro-Classes: the clustering procedure
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Clustering:
+    clusters: List[List[int]]                       # client indices (rows of the stack) of each Macro-Class
+    unclustered: List[int] = field(default_factory=list)
+
+
+def cluster_clients(sim: torch.Tensor, max_clusters: int, sim_t: float) -> Clustering:
+    """The greedy agglomerative Macro-Class procedure (Section 3, "Macro-Classes", Steps 1-3).
+
+    A cluster's similarity to a client is the mean of its members' similarities to that client (Step 1).
+    Step 1: the two most similar clients form the first cluster.
+    Step 2 (while fewer than ``S`` clusters exist): take the strongest remaining link; if it joins an unassigned
+        client to an existing cluster, the client joins that cluster, otherwise (a client-client link) the two
+        clients form a new cluster. Ties prefer joining an existing cluster.
+    Step 3 (``S`` clusters exist): repeatedly take the unassigned client with the highest similarity to any
+        cluster; it joins when that similarity exceeds ``sim_t``, else it and every client left are unclustered.
+    With a single client, that client is the only cluster.
+    """
+    k = int(sim.shape[0])
+    if k == 0:
+        return Clustering([])
+    if k == 1:
+        return Clustering([[0]])
+    s = sim.double().clone()
+    s.fill_diagonal_(float("-inf"))
+    unassigned = list(range(k))
+    clusters: List[List[int]] = []
+
+    def cluster_links() -> Optional[Tuple[float, int, int]]:
+        """Best (similarity, client, cluster) over unassigned clients and existing clusters."""
+        if not clusters or not unassigned:
+            return None
+        u = torch.tensor(unassigned)
+        # mean similarity of each cluster's members to each unassigned client: (num_clusters, len(u))
+        links = torch.stack([sim.double()[c][:, u].mean(dim=0) for c in clusters])
+        best = int(torch.argmax(links))
+        ci, ui = divmod(best, len(unassigned))
+        return float(links[ci, ui]), unassigned[ui], ci
+
+    def pair_link() -> Optional[Tuple[float, int, int]]:
+        if len(unassigned) < 2:
+            return None
+        u = torch.tensor(unassigned)
+        sub = s[u][:, u]
+        best = int(torch.argmax(sub))
+        a, b = divmod(best, len(unassigned))
+        return float(sub[a, b]), unassigned[a], unassigned[b]
+
+    # Step 1
+    _, a, b = pair_link()
+    clusters.append([a, b])
+    unassigned = [c for c in unassigned if c not in (a, b)]
+    # Step 2
+    while unassigned and len(clusters) < max_clusters:
+        join, pair = cluster_links(), pair_link()
+        if pair is None or (join is not None and join[0] >= pair[0]):
+            _, client, ci = join
+            clusters[ci].append(client)
+            unassigned.remove(client)
+        else:
+            _, a, b = pair
+            clusters.append([a, b])
+            unassigned = [c for c in unassigned if c not in (a, b)]
+    # Step 3
+    unclustered: List[int] = []
+    while unassigned:
+        value, client, ci = cluster_links()
+        if value > sim_t:
+            clusters[ci].append(client)
+            unassigned.remove(client)
+        else:
+            unclustered = sorted(unassigned)
+            break
+    return Clustering([sorted(c) for c in clusters], unclustered)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Cluster categories, means and weights (Eq. 11-15)
+# ---------------------------------------------------------------------------------------------------------
+def membership_matrix(clusters: Sequence[Sequence[int]], num_clients: int, client_weights: Optional[torch.Tensor],
+                      device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``(S, K)`` rows averaging over each cluster's members (uniformly, or by ``client_weights``)."""
+    member = torch.zeros(len(clusters), num_clients, dtype=dtype, device=device)
+    for si, members in enumerate(clusters):
+        member[si, list(members)] = 1.0
+    if client_weights is not None:
+        member = member * client_weights.to(device=device, dtype=dtype)
+    return member / member.sum(dim=1, keepdim=True)
+
+
+def macro_categories(mic: torch.Tensor, clusters: Sequence[Sequence[int]], num_categories: int) -> torch.Tensor:
+    """Eq. 11: ``MAC^s`` = most frequent MIC category among cluster s's members, per entry (``(S, M')`` long).
+
+    Ties go to the lowest category (argmax returns the first maximum).
+    """
+    member = membership_matrix(clusters, mic.shape[0], None, mic.device, torch.float32)
+    member = (member > 0).to(torch.float32)
+    counts = torch.stack([member @ (mic == c).to(torch.float32) for c in range(1, num_categories + 1)], dim=-1)
+    return counts.argmax(dim=-1) + 1  # (S, M')
+
+
+def cluster_weights(mac: torch.Tensor, num_categories: int, norm: str = "normalized") -> torch.Tensor:
+    """Eq. 14: per entry, a cluster's weight grows with the number of clusters sharing its MAC category.
+
+    ``n_s = sum_{s'} 1[MAC^{s'} = MAC^s]``. "normalized" (default): ``alpha_s = n_s / sum_{s'} n_{s'}``, which sums
+    to one per entry, so the result is a convex combination of cluster means dominated by the majority category.
+    "printed": ``alpha_s = n_s / (S x C)`` as Eq. 14 is typeset (does not sum to one in general).
+    Returns ``(S, M')`` weights in the dtype float32.
+    """
+    if norm not in ALPHA_NORMS:
+        raise ValueError(f"alpha_norm must be one of {ALPHA_NORMS}, got {norm!r}")
+    num_clusters = mac.shape[0]
+    onehot = mac.unsqueeze(-1) == torch.arange(1, num_categories + 1, device=mac.device)  # S x M' x C
+    per_category = onehot.sum(dim=0)                                 # M' x C: clusters per category
+    shared = torch.gather(per_category, 1, (mac - 1).T).T.to(torch.float32)  # n_s per entry, S x M'
+    if norm == "normalized":
+        return shared / shared.sum(dim=0, keepdim=True)
+    return shared / float(num_clusters * num_categories)
+
+
+def high_dispersion_result(stacked_high: torch.Tensor, mic: torch.Tensor, clusters: Sequence[Sequence[int]],
+                           num_categories: int, alpha_norm: str = "normalized",
+                           client_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Eq. 11, 12, 14, 15 for one layer's high-dispersion entries: ``sum_s alpha_s * w_bar^s``.
+
+    ``stacked_high``: ``(K, M')`` client values; ``mic``: their ``(K, M')`` categories. Unclustered clients (in no
+    cluster) do not contribute.
+    """
+    mac = macro_categories(mic, clusters, num_categories)                       # Eq. 11
+    member = membership_matrix(clusters, stacked_high.shape[0], client_weights,
+                               stacked_high.device, stacked_high.dtype)
+    cluster_means = member @ stacked_high                                       # Eq. 12, S x M'
+    alpha = cluster_weights(mac, num_categories, alpha_norm).to(stacked_high.dtype)  # Eq. 14
+    return (alpha * cluster_means).sum(dim=0)                                   # Eq. 15
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The whole aggregation
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class FedSAReport:
+    """Diagnostics of one aggregation (for logging and tests)."""
+
+    high_share: Dict[str, float]      # per layer: fraction of entries classed high-dispersion
+    num_high: int                     # high-dispersion entries over the network
+    num_entries: int                  # entries that went through the dispersion split
+    clustering: Optional[Clustering]  # None when nothing was high-dispersion
+    similarity: Optional[torch.Tensor]
+
+
+def fedsa_aggregate(stacks: Dict[str, torch.Tensor], cv_t: float, sim_t: float, num_categories: int,
+                    max_clusters: int, mic_norm: str = "minmax", alpha_norm: str = "normalized",
+                    client_weights: Optional[torch.Tensor] = None) -> Tuple[Dict[str, torch.Tensor], FedSAReport]:
+    """FedSA over named layers. ``stacks[name]``: the ``(K, ...)`` stack of the K client copies of that tensor.
+
+    ``client_weights`` (``(K,)``, optional): weights of the low-dispersion mean (Eq. 7) and of the cluster means
+    (Eq. 12); ``None`` (the paper's ``Mean``) is the uniform mean. The dispersion statistics (Eq. 2-4) always use
+    the uniform mean. Returns the aggregated tensors (original shapes) and a report.
+    """
+    if not stacks:
+        return {}, FedSAReport({}, 0, 0, None, None)
+    if client_weights is not None:
+        client_weights = client_weights / client_weights.sum()
+    low_values: Dict[str, torch.Tensor] = {}
+    highs: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (mask, mic)
+    high_share: Dict[str, float] = {}
+    agreement: Optional[torch.Tensor] = None
+    num_high = num_entries = 0
+    for name, stack in stacks.items():  # loop over layers (tensors), never over entries
+        w = stack.reshape(stack.shape[0], -1)
+        mu, sq_dev, cv = coefficient_of_variation(w)                            # Eq. 2-4
+        mask = high_dispersion_mask(cv, cv_t)                                   # Eq. 5-6
+        mean = mu if client_weights is None else client_weights.to(w.dtype) @ w
+        low_values[name] = mean                                                 # Eq. 7 (high entries replaced later)
+        n_high = int(mask.sum())
+        high_share[name] = n_high / max(1, mask.numel())
+        num_entries += mask.numel()
+        if n_high == 0:
+            continue
+        mic = micro_classes(sq_dev[:, mask], num_categories, mic_norm)          # Eq. 8-9
+        part = mic_agreement(mic, num_categories)
+        agreement = part if agreement is None else agreement + part
+        highs[name] = (mask, mic)
+        num_high += n_high
+    if num_high == 0:
+        out = {name: low_values[name].reshape(stacks[name].shape[1:]) for name in stacks}
+        return out, FedSAReport(high_share, 0, num_entries, None, None)
+
+    sim = similarity_from_agreement(agreement, num_high)                        # Eq. 10
+    clustering = cluster_clients(sim, max_clusters, sim_t)                      # Macro-Classes
+    out: Dict[str, torch.Tensor] = {}
+    for name, stack in stacks.items():
+        result = low_values[name]
+        if name in highs:
+            mask, mic = highs[name]
+            w = stack.reshape(stack.shape[0], -1)
+            high = high_dispersion_result(w[:, mask], mic, clustering.clusters, num_categories, alpha_norm,
+                                          client_weights)                        # Eq. 11-15
+            result = result.clone()
+            result[mask] = high                                                 # Eq. 13: w^l + w^h
+        out[name] = result.reshape(stack.shape[1:])
+    return out, FedSAReport(high_share, num_high, num_entries, clustering, sim)
