@@ -109,3 +109,163 @@ pathological.params = {
     "classes_per_client": Param(2, "distinct classes per client", check=positive),
     "balance": Param(True, "split each class equally among its holders (else random sizes)"),
 }
+
+
+# Natural groups -------------------------------------------------------------------------------------------
+def by_group(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups: Optional[np.ndarray] = None,
+             assign: str = "exact", shuffle: bool = False) -> List[np.ndarray]:
+    """One natural group (domain, writer, generating device) per client, from the dataset's ``groups``.
+
+    ``assign``: ``exact`` needs as many groups as clients (client k = k-th group in sorted order, so clients line
+    up with ``bundle.group_names``); ``merge`` deals groups round-robin onto fewer clients; ``split`` deals clients
+    round-robin onto fewer groups and divides each group's samples at random among its clients; ``auto`` picks
+    exact, merge or split from the counts. ``shuffle`` randomises the group order first.
+    """
+    if groups is None:
+        raise DataError("partitioner 'by_group' needs a dataset that defines groups (domains, writers, devices); "
+                        "this dataset has none -- pick another partition.name")
+    uniq, codes = np.unique(np.asarray(groups), return_inverse=True)
+    n_groups = len(uniq)
+    order = rng.permutation(n_groups) if shuffle else np.arange(n_groups)  # order[pos] = group at position pos
+    mode = assign
+    if mode == "auto":
+        mode = "exact" if n_groups == num_clients else ("merge" if n_groups > num_clients else "split")
+    if mode == "exact":
+        if n_groups != num_clients:
+            raise DataError(f"partitioner 'by_group': the dataset has {n_groups} groups but partition.num_clients = "
+                            f"{num_clients}; set num_clients = {n_groups}, or partition.assign = merge/split/auto")
+        return [np.flatnonzero(codes == order[k]) for k in range(num_clients)]
+    if mode == "merge":
+        if n_groups < num_clients:
+            raise DataError(f"partitioner 'by_group': assign=merge needs at least as many groups ({n_groups}) as "
+                            f"clients ({num_clients}); use assign=split")
+        client_of_group = np.empty(n_groups, dtype=np.int64)
+        client_of_group[order] = np.arange(n_groups) % num_clients
+        owner = client_of_group[codes]
+        return [np.flatnonzero(owner == k) for k in range(num_clients)]
+    if num_clients < n_groups:
+        raise DataError(f"partitioner 'by_group': assign=split needs at least as many clients ({num_clients}) as "
+                        f"groups ({n_groups}); use assign=merge")
+    parts: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * num_clients
+    for pos in range(n_groups):
+        clients = list(range(pos, num_clients, n_groups))
+        idx = rng.permutation(np.flatnonzero(codes == order[pos]))
+        if len(idx) < len(clients):
+            raise DataError(f"partitioner 'by_group': group {uniq[order[pos]]!r} has {len(idx)} samples, too few "
+                            f"to split among {len(clients)} clients")
+        for client, chunk in zip(clients, np.array_split(idx, len(clients))):
+            parts[client] = np.sort(chunk)
+    return parts
+
+
+by_group.params = {
+    "assign": Param("exact", "groups -> clients: exact (one each), merge (round-robin onto fewer clients), split "
+                             "(each group divided among several clients), auto",
+                    choices=("exact", "merge", "split", "auto")),
+    "shuffle": Param(False, "shuffle the group order before assigning (default: sorted group ids)"),
+}
+
+
+# Fixed client sizes with label skew -------------------------------------------------------------------------
+def _fill_clients(labels: np.ndarray, sizes: np.ndarray, rng: np.random.Generator,
+                  alpha: Optional[float]) -> List[np.ndarray]:
+    """Give client k exactly ``sizes[k]`` samples without replacement.
+
+    alpha=None: uniformly at random. Otherwise client k draws class proportions q_k ~ Dir(alpha * C * p), p the
+    class frequencies (= Dir(alpha) on balanced data), and takes its samples by multinomial draws from q_k; a
+    class that runs out is dropped and q_k renormalised over the remaining classes (clients are served in
+    random order so no client is systematically left with the leftovers).
+    """
+    num_clients = len(sizes)
+    if alpha is None:
+        perm = rng.permutation(len(labels))
+        cuts = np.cumsum(sizes)[:-1]
+        return [np.sort(p) for p in np.split(perm[: sizes.sum()], cuts)]
+    classes, codes = np.unique(labels, return_inverse=True)
+    pools = [rng.permutation(np.flatnonzero(codes == c)) for c in range(len(classes))]
+    supply = np.array([len(p) for p in pools], dtype=np.int64)
+    prior = supply / supply.sum()
+    taken = np.zeros(len(classes), dtype=np.int64)
+    q = rng.dirichlet(alpha * len(classes) * prior, size=num_clients)
+    parts: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * num_clients
+    for k in rng.permutation(num_clients):
+        need = int(sizes[k])
+        counts = np.zeros(len(classes), dtype=np.int64)
+        while need > 0:
+            left = supply - taken - counts
+            weights = q[k] * (left > 0)
+            if weights.sum() <= 0:  # every class this client prefers is used up: take what remains, pro rata
+                weights = left.astype(np.float64)
+            draw = np.minimum(rng.multinomial(need, weights / weights.sum()), left)
+            counts += draw
+            need -= int(draw.sum())
+        parts[k] = np.sort(np.concatenate([pools[c][taken[c]: taken[c] + counts[c]] for c in range(len(classes))]))
+        taken += counts
+    return parts
+
+
+def _alpha_check(v) -> Optional[str]:
+    return None if v > 0 else "must be > 0 (or null for IID)"
+
+
+def dirichlet_lognormal(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups=None,
+                        alpha: float = 0.5, sigma: float = 0.3, min_size: int = 10) -> List[np.ndarray]:
+    """Unbalanced label skew (Acar et al.'s FedDyn setting, PCFL's "log-normal client sizes"): every sample is used;
+    client k's share of the data is proportional to w_k ~ LogNormal(0, sigma) on top of ``min_size``, and its
+    classes follow q_k ~ Dir(alpha * C * p) (see ``_fill_clients``). sigma=0 gives equal sizes."""
+    n = len(labels)
+    _check_enough(n, num_clients, min_size)
+    w = rng.lognormal(0.0, sigma, num_clients)
+    quota = w / w.sum() * (n - num_clients * min_size)
+    sizes = np.floor(quota).astype(np.int64)
+    for i in np.argsort(-(quota - sizes))[: n - num_clients * min_size - sizes.sum()]:
+        sizes[i] += 1
+    return _fill_clients(labels, sizes + min_size, rng, alpha)
+
+
+dirichlet_lognormal.params = {
+    "alpha": Param(0.5, "Dirichlet concentration of each client's label distribution", check=positive),
+    "sigma": Param(0.3, "log-normal sigma of client sizes (0 = equal sizes)",
+                   check=lambda v: None if v >= 0 else "must be >= 0"),
+    "min_size": Param(10, "minimum samples per client (guaranteed)", check=lambda v: None if v >= 1 else "must be >= 1"),
+}
+
+
+def fixed(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups=None,
+          samples_per_client: int = 600, alpha: Optional[float] = None) -> List[np.ndarray]:
+    """Exactly ``samples_per_client`` distinct samples per client (FedCAC: 500 train + 100 test = 600, with
+    split.train_size=500, split.test_size=100); IID when alpha is null, else label-skewed by Dir(alpha) as in
+    ``dirichlet_lognormal``. Samples not needed stay unused."""
+    n = len(labels)
+    if n < num_clients * samples_per_client:
+        raise DataError(f"partitioner 'fixed': {num_clients} clients x {samples_per_client} samples = "
+                        f"{num_clients * samples_per_client} exceeds the {n} samples of the dataset")
+    return _fill_clients(labels, np.full(num_clients, samples_per_client, dtype=np.int64), rng, alpha)
+
+
+fixed.params = {
+    "samples_per_client": Param(600, "samples per client (train + test; pair with split.train_size/test_size)",
+                                check=positive),
+    "alpha": Param(None, "Dirichlet label-skew concentration (null = IID)", type=float, check=_alpha_check),
+}
+
+
+# FedAvg shards ----------------------------------------------------------------------------------------------
+def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups=None,
+           shards_per_client: int = 2) -> List[np.ndarray]:
+    """McMahan et al.'s pathological split: sort by label, cut into num_clients * shards_per_client equal shards
+    (sizes differ by at most one), give each client shards_per_client random shards. Every sample is used."""
+    n = len(labels)
+    num_shards = num_clients * shards_per_client
+    if n < num_shards:
+        raise DataError(f"partitioner 'shards': {num_shards} shards need at least {num_shards} samples, "
+                        f"the dataset has {n}")
+    order = np.lexsort((rng.random(n), labels))  # by label, random within a label
+    pieces = np.array_split(order, num_shards)
+    deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+    return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
+
+
+shards.params = {
+    "shards_per_client": Param(2, "label-sorted shards per client (FedAvg: 2)", check=positive),
+}

@@ -1,0 +1,36 @@
+"""The LeNet of FedC2I's Table 7 (appendix A)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import nn
+
+from pflkit.core.params import Param, positive
+
+from .base import SplitModel, flat_size
+
+
+def lenet(input_shape: Sequence[int], num_classes: int, channels: list = None, hidden: list = None) -> SplitModel:
+    """FedC2I Table 7, layer by layer:
+
+    1 CONV(in, 64, k=5), ReLU; 2 MaxPool(2, 2); 3 CONV(64, 64, k=5), ReLU; 4 MaxPool(2, 2);
+    5 FC(64*13*13, 384), ReLU; 6 FC(384, 192), ReLU; 8 FC(192, num_classes)  (the table has no row 7).
+
+    Layers 1-6 are the feature extractor theta (feature_dim 192) and layer 8 the classifier phi. Convolutions are
+    unpadded, so the first FC's input size follows from the image size: the table's 64*13*13 is that of 64x64
+    inputs (32x32 inputs give 64*5*5); it is computed, not hard-coded.
+    """
+    c1, c2 = (64, 64) if channels is None else channels
+    h1, h2 = (384, 192) if hidden is None else hidden
+    conv = nn.Sequential(
+        nn.Conv2d(input_shape[0], c1, kernel_size=5), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2),
+        nn.Conv2d(c1, c2, kernel_size=5), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2), nn.Flatten())
+    flat = flat_size(conv, input_shape)
+    features = nn.Sequential(*conv, nn.Linear(flat, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU())
+    return SplitModel(features, nn.Linear(h2, num_classes), h2)
+
+
+lenet.params = {
+    "channels": Param([64, 64], "output channels of the two conv layers (Table 7: 64, 64)", type=list),
+    "hidden": Param([384, 192], "widths of the two FC feature layers (Table 7: 384, 192)", type=list),
+}
