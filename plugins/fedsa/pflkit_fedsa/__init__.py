@@ -11,6 +11,10 @@ of the "global-model" protocol by configuration alone: the ``fedsa`` algorithm u
 
 Interpretation choices (the paper is ambiguous; defaults follow ``shared/papers/NOTES.md``):
 
+* ``cv_norm`` -- Eq. 5 min-max normalises the coefficient of variation within a layer (default "minmax", as
+  printed). Since cv divides by ``|mu|``, entries whose client mean is near zero reach huge cv values and squeeze
+  every other entry towards 0, so often only a small share is high-dispersion (logged as ``fedsa/high_share``).
+  "rank" uses the quantile rank of cv within the layer instead (share about ``1 - cv_t``).
 * ``mic_norm`` -- the Micro-Class bins ``(c-1)/N < s <= c/N`` (Eq. 8) need deviations in [0, 1]. Default
   "minmax": each entry's squared deviations are min-max normalised across the clients, then cut into C equal
   bins (uses the whole range for every entry, so the bins always separate the clients). "max" divides by the
@@ -43,7 +47,7 @@ from pflkit.core import Algorithm, GlobalModelAggregator, Param, ServerContext
 from pflkit.core.params import unit_interval
 from pflkit.core.state import State, weighted_average
 
-from .skew import ALPHA_NORMS, MIC_NORMS, FedSAReport, fedsa_aggregate
+from .skew import ALPHA_NORMS, CV_NORMS, MIC_NORMS, FedSAReport, fedsa_aggregate
 
 __all__ = ["FedSAAggregator", "ALGORITHM"]
 
@@ -65,6 +69,9 @@ class FedSAAggregator(GlobalModelAggregator):
                            "(Eq. 5-6)", check=unit_interval),
         "sim_t": Param(0.2, "similarity a client needs to join a Macro-Class once the cluster limit is reached "
                             "(clustering Step 3)", check=unit_interval),
+        "cv_norm": Param("minmax", "normalisation of the coefficient of variation within a layer before cv_t: "
+                                   "minmax (Eq. 5, default) or rank (quantile rank; robust to near-zero means)",
+                         choices=CV_NORMS),
         "mic_categories": Param(4, "C: number of Micro-Class deviation categories (Eq. 8-9)", check=_category_count),
         "max_clusters": Param(4, "S: maximum number of Macro-Classes (clustering Steps 2-3)", check=_cluster_limit),
         "mic_norm": Param("minmax", "normalisation of each entry's squared deviations before the C bins of Eq. 8: "
@@ -94,21 +101,25 @@ class FedSAAggregator(GlobalModelAggregator):
     def combine(self, states: List[State], weights: List[float], cids: List[int]) -> State:
         hp = self.ctx.hp
         keys = self.fedsa_keys(states[0])
-        rest = [k for k in states[0] if k not in set(keys)]
+        chosen = set(keys)
+        rest = [k for k in states[0] if k not in chosen]
         out: State = weighted_average([{k: s[k] for k in rest} for s in states], weights) if rest else {}
 
         device = self.ctx.device
-        stacks = {}
-        for k in keys:
-            ref = states[0][k]
-            compute = torch.float32 if ref.dtype in (torch.float16, torch.bfloat16) else ref.dtype
-            stacks[k] = torch.stack([s[k].to(device=device, dtype=compute) for s in states])
+
+        def stacks():  # stacked lazily, one tensor at a time, to bound the server's memory
+            for k in keys:
+                ref = states[0][k]
+                compute = torch.float32 if ref.dtype in (torch.float16, torch.bfloat16) else ref.dtype
+                yield k, torch.stack([s[k].to(device=device, dtype=compute) for s in states])
+
         client_weights = None
         if hp.client_weighting == "samples":
             client_weights = torch.as_tensor(weights, dtype=torch.float64, device=device)
         combined, report = fedsa_aggregate(
-            stacks, cv_t=hp.cv_t, sim_t=hp.sim_t, num_categories=hp.mic_categories, max_clusters=hp.max_clusters,
-            mic_norm=hp.mic_norm, alpha_norm=hp.alpha_norm, client_weights=client_weights)
+            stacks(), cv_t=hp.cv_t, sim_t=hp.sim_t, num_categories=hp.mic_categories, max_clusters=hp.max_clusters,
+            mic_norm=hp.mic_norm, alpha_norm=hp.alpha_norm, cv_norm=hp.cv_norm,
+            client_weights=client_weights)
         for k in keys:
             out[k] = combined[k].to(states[0][k].dtype)
         self.last_report = report

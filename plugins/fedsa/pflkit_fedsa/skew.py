@@ -28,11 +28,12 @@ Reading of the badly typeset method section (see ``shared/papers/NOTES.md``, Fed
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 MIC_NORMS = ("minmax", "max", "none")
+CV_NORMS = ("minmax", "rank")
 ALPHA_NORMS = ("normalized", "printed")
 
 # Entries per chunk when one-hot encoding MIC categories (bounds the memory of the similarity matmul).
@@ -56,16 +57,26 @@ def coefficient_of_variation(stacked: torch.Tensor, eps: float = 1e-12) -> Tuple
     return mu, sq_dev, cv
 
 
-def high_dispersion_mask(cv: torch.Tensor, cv_t: float) -> torch.Tensor:
-    """Eq. 5 (and its complement Eq. 6): min-max normalise ``cv`` within the layer, high where ``> cv_t``.
+def high_dispersion_mask(cv: torch.Tensor, cv_t: float, norm: str = "minmax") -> torch.Tensor:
+    """Eq. 5 (and its complement Eq. 6): normalise ``cv`` within the layer, high-dispersion where ``> cv_t``.
 
+    ``norm``: "minmax" -- ``(cv - min) / (max - min)`` as printed (default). Because cv divides by ``|mu|``, a few
+    entries with a mean near zero can own the maximum and push every other entry towards 0, so the high share can
+    be small; it is logged every round. "rank" -- the entry's quantile rank within the layer (fraction of entries
+    with a lower cv), robust to that tail: the high share is then about ``1 - cv_t``.
     A layer whose cv is constant (e.g. a single entry, or identical uploads) has no high-dispersion entry.
     """
+    if norm not in CV_NORMS:
+        raise ValueError(f"cv_norm must be one of {CV_NORMS}, got {norm!r}")
     lo, hi = cv.min(), cv.max()
     span = hi - lo
     if not torch.isfinite(span) or span <= 0:
         return torch.zeros_like(cv, dtype=torch.bool)
-    return (cv - lo) / span > cv_t                             # Eq. 5; r^l (Eq. 6) is its negation
+    if norm == "minmax":
+        return (cv - lo) / span > cv_t                         # Eq. 5; r^l (Eq. 6) is its negation
+    ranks = torch.empty_like(cv)
+    ranks[torch.argsort(cv)] = torch.arange(cv.numel(), device=cv.device, dtype=cv.dtype)
+    return ranks / (cv.numel() - 1) > cv_t
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -282,30 +293,34 @@ class FedSAReport:
     similarity: Optional[torch.Tensor]
 
 
-def fedsa_aggregate(stacks: Dict[str, torch.Tensor], cv_t: float, sim_t: float, num_categories: int,
+def fedsa_aggregate(stacks: Iterable[Tuple[str, torch.Tensor]], cv_t: float, sim_t: float, num_categories: int,
                     max_clusters: int, mic_norm: str = "minmax", alpha_norm: str = "normalized",
-                    client_weights: Optional[torch.Tensor] = None) -> Tuple[Dict[str, torch.Tensor], FedSAReport]:
-    """FedSA over named layers. ``stacks[name]``: the ``(K, ...)`` stack of the K client copies of that tensor.
+                    cv_norm: str = "minmax", client_weights: Optional[torch.Tensor] = None
+                    ) -> Tuple[Dict[str, torch.Tensor], FedSAReport]:
+    """FedSA over named layers: Algorithm 1, lines 5-13.
 
+    ``stacks`` yields ``(name, stack)`` with ``stack`` the ``(K, ...)`` stack of the K client copies of that tensor
+    (a dict's ``.items()`` or a generator that stacks lazily: only one full stack is alive at a time, plus the
+    high-dispersion columns kept for the second pass).
     ``client_weights`` (``(K,)``, optional): weights of the low-dispersion mean (Eq. 7) and of the cluster means
     (Eq. 12); ``None`` (the paper's ``Mean``) is the uniform mean. The dispersion statistics (Eq. 2-4) always use
     the uniform mean. Returns the aggregated tensors (original shapes) and a report.
     """
-    if not stacks:
-        return {}, FedSAReport({}, 0, 0, None, None)
     if client_weights is not None:
         client_weights = client_weights / client_weights.sum()
-    low_values: Dict[str, torch.Tensor] = {}
-    highs: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (mask, mic)
+    results: Dict[str, torch.Tensor] = {}
+    shapes: Dict[str, torch.Size] = {}
+    highs: Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # name -> (mask, mic, w[:, mask])
     high_share: Dict[str, float] = {}
     agreement: Optional[torch.Tensor] = None
     num_high = num_entries = 0
-    for name, stack in stacks.items():  # loop over layers (tensors), never over entries
+    for name, stack in stacks:  # loop over layers (tensors), never over entries
+        shapes[name] = stack.shape[1:]
         w = stack.reshape(stack.shape[0], -1)
         mu, sq_dev, cv = coefficient_of_variation(w)                            # Eq. 2-4
-        mask = high_dispersion_mask(cv, cv_t)                                   # Eq. 5-6
-        mean = mu if client_weights is None else client_weights.to(w.dtype) @ w
-        low_values[name] = mean                                                 # Eq. 7 (high entries replaced later)
+        mask = high_dispersion_mask(cv, cv_t, cv_norm)                          # Eq. 5-6
+        # Eq. 7: low-dispersion entries take the client mean (high entries are overwritten below)
+        results[name] = mu if client_weights is None else client_weights.to(w.dtype) @ w
         n_high = int(mask.sum())
         high_share[name] = n_high / max(1, mask.numel())
         num_entries += mask.numel()
@@ -314,23 +329,18 @@ def fedsa_aggregate(stacks: Dict[str, torch.Tensor], cv_t: float, sim_t: float, 
         mic = micro_classes(sq_dev[:, mask], num_categories, mic_norm)          # Eq. 8-9
         part = mic_agreement(mic, num_categories)
         agreement = part if agreement is None else agreement + part
-        highs[name] = (mask, mic)
+        highs[name] = (mask, mic, w[:, mask])
         num_high += n_high
-    if num_high == 0:
-        out = {name: low_values[name].reshape(stacks[name].shape[1:]) for name in stacks}
-        return out, FedSAReport(high_share, 0, num_entries, None, None)
+        del sq_dev, w, stack
 
-    sim = similarity_from_agreement(agreement, num_high)                        # Eq. 10
-    clustering = cluster_clients(sim, max_clusters, sim_t)                      # Macro-Classes
-    out: Dict[str, torch.Tensor] = {}
-    for name, stack in stacks.items():
-        result = low_values[name]
-        if name in highs:
-            mask, mic = highs[name]
-            w = stack.reshape(stack.shape[0], -1)
-            high = high_dispersion_result(w[:, mask], mic, clustering.clusters, num_categories, alpha_norm,
-                                          client_weights)                        # Eq. 11-15
-            result = result.clone()
-            result[mask] = high                                                 # Eq. 13: w^l + w^h
-        out[name] = result.reshape(stack.shape[1:])
+    clustering: Optional[Clustering] = None
+    sim: Optional[torch.Tensor] = None
+    if num_high > 0:
+        sim = similarity_from_agreement(agreement, num_high)                    # Eq. 10
+        clustering = cluster_clients(sim, max_clusters, sim_t)                  # Macro-Classes
+        for name, (mask, mic, w_high) in highs.items():
+            high = high_dispersion_result(w_high, mic, clustering.clusters, num_categories, alpha_norm,
+                                          client_weights)                        # Eq. 11, 12, 14, 15
+            results[name][mask] = high                                          # Eq. 13: w^l + w^h
+    out = {name: results[name].reshape(shapes[name]) for name in results}
     return out, FedSAReport(high_share, num_high, num_entries, clustering, sim)
