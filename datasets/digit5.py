@@ -123,15 +123,18 @@ def _read_folder(folder: Path, size: Tuple[int, int], channels: int) -> Arrays:
 
 
 def _fetcher(domain: str) -> Optional[Callable[[Path], None]]:
-    import torchvision.datasets as tvd
+    """torchvision download into its own layout (imported lazily: torchvision's import is slow)."""
+    classes = {"mnist": ("MNIST", "train"), "svhn": ("SVHN", "split"), "usps": ("USPS", "train")}
+    if domain not in classes:
+        return None  # SynthDigits and MNIST-M have no official download URL
+    cls_name, kind = classes[domain]
 
-    if domain == "mnist":
-        return lambda r: [tvd.MNIST(str(r), train=t, download=True) for t in (True, False)]
-    if domain == "svhn":
-        return lambda r: [tvd.SVHN(str(r), split=s, download=True) for s in ("train", "test")]
-    if domain == "usps":
-        return lambda r: [tvd.USPS(str(r), train=t, download=True) for t in (True, False)]
-    return None  # SynthDigits and MNIST-M have no official download URL
+    def fetch(root: Path) -> None:
+        import torchvision.datasets as tvd
+        cls = getattr(tvd, cls_name)
+        for arg in ((True, False) if kind == "train" else ("train", "test")):
+            cls(str(root), **{kind: arg}, download=True)
+    return fetch
 
 
 def _read_domain(domain: str, base: Path, size: Tuple[int, int], channels: int) -> Arrays:

@@ -131,8 +131,10 @@ def test_failed_download_becomes_data_error(tmp_path):
 
 
 def test_download_uses_torchvision_layout(tmp_path, monkeypatch):
-    """download=True calls torchvision's class, whose files land where the reader looks."""
-    import torchvision.datasets as tvd
+    """download=True calls torchvision's class, whose files land where the reader looks (torchvision faked:
+    no network, and its slow import is skipped)."""
+    import sys
+    import types
     calls = []
 
     class FakeMNIST:
@@ -141,7 +143,11 @@ def test_download_uses_torchvision_layout(tmp_path, monkeypatch):
             if len(calls) == 1:
                 write_mnist_like(Path(root) / "MNIST" / "raw", 4, 2, np.random.default_rng(0))
 
-    monkeypatch.setattr(tvd, "MNIST", FakeMNIST)
+    fake_pkg, fake_datasets = types.ModuleType("torchvision"), types.ModuleType("torchvision.datasets")
+    fake_datasets.MNIST = FakeMNIST
+    fake_pkg.datasets = fake_datasets
+    monkeypatch.setitem(sys.modules, "torchvision", fake_pkg)
+    monkeypatch.setitem(sys.modules, "torchvision.datasets", fake_datasets)
     b = load_mnist(root=str(tmp_path), download=True)
     assert len(b.y) == 6 and calls == [(str(tmp_path), True, True), (str(tmp_path), False, True)]
 
