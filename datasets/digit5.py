@@ -79,17 +79,18 @@ def read_usps(path: Path) -> Arrays:
     try:
         with bz2.open(path, "rt") as fh:
             for line in fh:
-                fields = line.split()
-                if not fields:
+                # "label i1:v1 i2:v2 ..." -> [label, i1, v1, i2, v2, ...] parsed in one call per line
+                vals = np.array(line.replace(":", " ").split(), dtype=np.float64)
+                if vals.size == 0:
                     continue
-                row = np.zeros(256, dtype=np.float32)
-                for item in fields[1:]:
-                    k, _, v = item.partition(":")
-                    row[int(k) - 1] = float(v)
+                row = np.zeros(256, dtype=np.float64)
+                row[vals[1::2].astype(np.int64) - 1] = vals[2::2]
                 xs.append(row)
-                ys.append(int(float(fields[0])) - 1)
-    except (OSError, ValueError, EOFError) as exc:
+                ys.append(int(vals[0]) - 1)
+    except (OSError, ValueError, EOFError, IndexError) as exc:
         raise DataError(f"cannot read USPS file {path}: {exc}") from exc
+    if not xs:
+        raise DataError(f"USPS file {path} holds no samples")
     x = np.round((np.stack(xs) + 1.0) * 127.5).clip(0, 255).astype(np.uint8).reshape(-1, 1, 16, 16)
     return torch.from_numpy(x), torch.tensor(ys, dtype=torch.long)
 

@@ -232,12 +232,15 @@ load_svhn.params = {
 
 
 # Tiny-ImageNet ----------------------------------------------------------------------------------------------
-def load_tiny_imagenet(root: Optional[str] = None, download: bool = True, image_size: int = 64) -> DatasetBundle:
+def load_tiny_imagenet(root: Optional[str] = None, download: bool = True, image_size: int = 64,
+                       cache: bool = True) -> DatasetBundle:
     """Tiny-ImageNet-200 from its standard layout under ``tiny-imagenet-200/``.
 
     ``train/<wnid>/images/*.JPEG`` (500 per class) and ``val/images/*.JPEG`` labelled by ``val/val_annotations.txt``
     are pooled (the unlabelled ``test/`` is ignored). Classes are the sorted wnids (``wnids.txt`` when present);
-    names come from ``words.txt`` when present.
+    names come from ``words.txt`` when present. Decoding 110,000 JPEGs takes a while, so with ``cache=true`` the
+    decoded tensors are saved once as ``tiny-imagenet-200/pflkit-cache-<size>.pt`` (skipped when not writable)
+    and reused while the file list is unchanged.
     """
     base = data_root(root)
     folder = base / "tiny-imagenet-200"
@@ -278,7 +281,7 @@ def load_tiny_imagenet(root: Optional[str] = None, download: bool = True, image_
         paths.append(p)
         labels.append(index[wnid])
     size = size_pair(image_size)
-    x = load_images(paths, size, 3)
+    x = _cached_images(folder / f"pflkit-cache-{image_size}.pt", paths, size, cache)
     words = {}
     if (folder / "words.txt").exists():
         for line in (folder / "words.txt").read_text().splitlines():
@@ -291,7 +294,27 @@ def load_tiny_imagenet(root: Optional[str] = None, download: bool = True, image_
 
 load_tiny_imagenet.params = {
     "image_size": Param(64, "images are resized to image_size x image_size (native: 64)", check=positive),
+    "cache": Param(True, "save/reuse the decoded images as tiny-imagenet-200/pflkit-cache-<size>.pt"),
 }
+
+
+def _cached_images(cache_file: Path, paths: List[Path], size: Tuple[int, int], use_cache: bool) -> torch.Tensor:
+    """Decode ``paths`` or reuse a cache saved for exactly this list of files (names relative to the folder)."""
+    key = [str(p.relative_to(cache_file.parent)) for p in paths]
+    if use_cache and cache_file.exists():
+        try:
+            doc = torch.load(cache_file, weights_only=True)
+            if doc.get("files") == key and tuple(doc["x"].shape[2:]) == tuple(size):
+                return doc["x"]
+        except Exception:  # an unreadable or stale cache is rebuilt
+            pass
+    x = load_images(paths, size, 3)
+    if use_cache:
+        try:
+            torch.save({"files": key, "x": x}, cache_file)
+        except OSError:
+            pass  # read-only data folder: just no cache
+    return x
 
 
 # Generic image folder ---------------------------------------------------------------------------------------
@@ -303,9 +326,12 @@ def load_image_folder(root: Optional[str] = None, download: bool = True, path: O
     With ``domains=true`` the layout is ``<path>/<domain>/<class>/*`` (e.g. Office-10: amazon, caltech, dslr,
     webcam); the domain of every image fills ``groups`` so the ``by_group`` partitioner gives one domain per client.
     Classes are the union over domains, sorted by name. ``path`` defaults to ``dataset.root``.
-    ``max_per_class`` keeps the first N files (sorted by name) of each class (in each domain).
+    ``max_per_class`` keeps the first N files (sorted by name) of each class (in each domain). ``path`` is
+    absolute or relative to ``dataset.root``.
     """
-    folder = Path(path).expanduser() if path is not None else data_root(root)
+    folder = data_root(root) if path is None else Path(path).expanduser()
+    if not folder.is_absolute() and path is not None:
+        folder = data_root(root) / folder
     if not folder.is_dir():
         raise DataError(f"image_folder: folder '{folder}' does not exist (set dataset.path or dataset.root); "
                         f"expected {'<domain>/' if domains else ''}<class>/<image files>")
@@ -333,7 +359,7 @@ def load_image_folder(root: Optional[str] = None, download: bool = True, path: O
 
 
 load_image_folder.params = {
-    "path": Param(None, "the image folder (default: dataset.root)", type=str),
+    "path": Param(None, "the image folder (absolute, or relative to dataset.root; default: dataset.root)", type=str),
     "image_size": Param(32, "images are resized to image_size x image_size", check=positive),
     "channels": Param(3, "3 (RGB) or 1 (grey)", choices=(1, 3)),
     "domains": Param(False, "layout <domain>/<class>/<images>; the domain becomes each sample's group"),

@@ -214,6 +214,13 @@ def test_tiny_imagenet_layout(tmp_path):
     assert b.y.tolist() == [0, 0, 0, 1, 1, 1, 1, 0]
     assert b.class_names == ["goldfish", "European fire salamander"]
     assert abs(float(b.x[-1].float().mean()) - 200) < 3  # a constant JPEG stays constant after resizing
+    cache = root / "pflkit-cache-16.pt"
+    assert cache.exists()
+    (root / "val" / "images" / "val_0.JPEG").unlink()  # the cache answers without decoding again ...
+    (root / "val" / "val_annotations.txt").write_text(lines[1] + "\n")
+    again = load_tiny_imagenet(root=str(tmp_path), download=False, image_size=16)
+    assert again.y.tolist() == [0, 0, 0, 1, 1, 1, 0]  # ... only for the same file list: rebuilt here
+    assert torch.equal(again.x[-1], b.x[-1])
 
 
 def test_image_folder_with_domains_fills_groups(tmp_path):
@@ -230,6 +237,10 @@ def test_image_folder_with_domains_fills_groups(tmp_path):
     assert flat.x.shape == (4, 1, 8, 8) and flat.groups is None
     mean = b.transform(b.x).mean(dim=(0, 2, 3))  # normalised with the set's own statistics
     assert torch.allclose(mean, torch.zeros(3), atol=1e-4)
+    restored = pickle.loads(pickle.dumps(b.transform))  # bundles stay picklable
+    assert torch.equal(restored(b.x[:2]), b.transform(b.x[:2]))
+    relative = load_image_folder(root=str(tmp_path), path="dslr", image_size=8)
+    assert len(relative.y) == 2
     with pytest.raises(DataError, match="does not exist"):
         load_image_folder(path=str(tmp_path / "nope"))
 
