@@ -11,7 +11,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from .errors import PluginError, unknown_name
+from .errors import PluginError, unknown_name  # noqa: F401 (re-exported)
 
 try:  # the backport has the same API on every Python version we support
     import importlib_metadata as metadata
@@ -144,6 +144,7 @@ class Registry:
 
     def load_all(self) -> List[LoadFailure]:
         """Import every entry, returning the failures (the others stay usable)."""
+        self._discover()
         for name in list(self._entries):
             try:
                 self.get(name)

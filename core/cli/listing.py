@@ -1,0 +1,97 @@
+"""``fl list`` and ``fl show``: what is installed, and what each algorithm's options mean."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import click
+
+from .. import registry as reg
+from ..config import CORE_SCHEMA, COMPONENT_SECTIONS, component_params
+from ..params import Param
+from .main import friendly_errors
+
+
+@click.command("list")
+@click.argument("kind", required=False, type=click.Choice(sorted(reg.ALL_REGISTRIES)))
+def list_command(kind: Optional[str]) -> None:
+    """List every discovered plugin with its distribution and version; report plugins that fail to load."""
+    kinds = [kind] if kind else list(reg.ALL_REGISTRIES)
+    failures = []
+    for k in kinds:
+        registry = reg.ALL_REGISTRIES[k]
+        failures += registry.load_all()
+        click.echo(f"{k}:")
+        for entry in registry.entries():
+            if entry.name in {f.name for f in registry.failures()}:
+                continue
+            click.echo(f"  {entry.name:<16} {entry.dist} {entry.version:<8} {reg.describe(entry.obj)}")
+        for name, claimants in registry.conflicts().items():
+            who = ", ".join(f"{e.dist} {e.version}" for e in claimants)
+            click.echo(f"  {name:<16} CONFLICT: claimed by {who}")
+    if failures:
+        click.echo("\nplugins that failed to load (the others above work):", err=True)
+        for f in failures:
+            click.echo(f"  {f}", err=True)
+
+
+def _param_lines(params: Dict[str, Param], prefix: str, overrides: Dict[str, Any]) -> list:
+    lines = []
+    for key, p in params.items():
+        default = overrides.get(key, p.default)
+        note = f" (algorithm default; core default {p.default!r})" if key in overrides and overrides[key] != p.default else ""
+        choices = f" [one of {', '.join(map(str, p.choices))}]" if p.choices else ""
+        lines.append(f"  {prefix}{key} = {default!r}{note}\n      {p.help}{choices}")
+    return lines
+
+
+@click.command("show")
+@click.argument("name")
+@friendly_errors
+def show_command(name: str) -> None:
+    """Show an algorithm's (or any component's) options, their defaults and meaning."""
+    if name in reg.ALGORITHMS.names():
+        algo = reg.ALGORITHMS.get(name)
+        defaults = dict(algo.defaults or {})
+        click.echo(f"algorithm {name}: {algo.description}")
+        if algo.paper:
+            click.echo(f"paper: {algo.paper}")
+        for section, comp_name in (("trainer", algo.trainer), ("aggregator", algo.aggregator)):
+            registry = COMPONENT_SECTIONS[section][0]
+            comp = registry.get(comp_name)
+            click.echo(f"\n{section} '{comp_name}' (protocol {getattr(comp, 'protocol', '?')!r}): "
+                       f"{reg.describe(comp)}")
+            lines = _param_lines(component_params(comp), f"{section}.", defaults.get(section, {}))
+            click.echo("\n".join(lines) if lines else "  (no options)")
+        other = {k: v for k, v in defaults.items() if k not in ("trainer", "aggregator")}
+        if other:
+            click.echo("\nother defaults this algorithm sets:")
+            for section, values in other.items():
+                if isinstance(values, dict):
+                    for k, v in values.items():
+                        click.echo(f"  {section}.{k} = {v!r}")
+                else:
+                    click.echo(f"  {section} = {values!r}")
+        click.echo("\ncore options: fl show core")
+        return
+    if name == "core":
+        def walk(spec, prefix=""):
+            for k, v in spec.items():
+                if isinstance(v, dict):
+                    walk(v, f"{prefix}{k}.")
+                else:
+                    click.echo(_param_lines({k: v}, prefix, {})[0])
+        walk(CORE_SCHEMA)
+        for section, (_, common) in COMPONENT_SECTIONS.items():
+            walk(common, f"{section}.")
+        return
+    for kind, registry in reg.ALL_REGISTRIES.items():
+        if kind != "algorithms" and name in registry.names():
+            comp = registry.get(name)
+            click.echo(f"{registry.kind} {name}: {reg.describe(comp)}")
+            section = {"datasets": "dataset", "partitioners": "partition", "models": "model",
+                       "trainers": "trainer", "aggregators": "aggregator"}[kind]
+            lines = _param_lines(component_params(comp), f"{section}.", {})
+            click.echo("\n".join(lines) if lines else "  (no options)")
+            return
+    every = sorted({n for r in reg.ALL_REGISTRIES.values() for n in r.names()} | {"core"})
+    raise reg.unknown_name("plugin or component", name, every)

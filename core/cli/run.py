@@ -1,0 +1,76 @@
+"""``fl run``: start a run from an algorithm plugin, or resume an interrupted one."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import click
+
+from ..config import load_file, parse_sets, resolve
+from ..errors import ConfigError
+from .main import friendly_errors
+
+
+def format_summary(result: Dict[str, Any]) -> str:
+    m = result["metric"]
+    fin, best = result["final"], result["best"]
+    last = result.get("last", {})
+    pct = (lambda v: f"{100 * v:.2f}%") if m == "accuracy" else (lambda v: f"{v:.5f}")
+    fmt = lambda v: "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else pct(v)
+    rows = [
+        ("algorithm", f"{result['algorithm']} (trainer {result['trainer']}, aggregator {result['aggregator']})"),
+        ("dataset / clients", f"{result['dataset']} / {result['num_clients']}"),
+        ("rounds completed", f"{result['rounds_completed']} of {result['rounds']}"),
+        (f"final {m}, uniform (mean of last {fin['k']} evals)", fmt(fin["uniform"])),
+        (f"final {m}, sample-weighted", fmt(fin["weighted"])),
+        (f"final {m}, std across clients", fmt(fin["std"])),
+        (f"best {m}, uniform (round {best['round']})", fmt(best["uniform"])),
+        (f"last round {m}, min / max client",
+         f"{fmt(last.get(f'{m}/min'))} / {fmt(last.get(f'{m}/max'))}"),
+        ("communication up / down", f"{result['bytes_up_total'] / 2**20:.1f} MiB / "
+                                    f"{result['bytes_down_total'] / 2**20:.1f} MiB"),
+        ("client failures", str(result["client_failures"])),
+    ]
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 40)
+    return "\n".join([line] + [f"{k.ljust(width)}  {v}" for k, v in rows] + [line])
+
+
+@click.command("run")
+@click.option("--plugin", "-p", "plugin", help="Algorithm plugin to run (fl list algorithms).")
+@click.option("--config", "-c", "config_file", type=click.Path(dir_okay=False), help="TOML or JSON config file.")
+@click.option("--set", "-s", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override one config key, e.g. --set train.lr=0.01 (repeatable).")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
+              help="Continue the interrupted run in this run directory.")
+@click.option("--no-progress", is_flag=True, help="Do not draw the progress bar.")
+@friendly_errors
+def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[str, ...],
+                resume_dir: Optional[str], no_progress: bool) -> None:
+    """Run a federated experiment (Ctrl-C stops after the current round and leaves a resumable run)."""
+    from ..simulation import Simulation
+
+    if resume_dir:
+        if plugin or config_file or sets:
+            raise ConfigError("--resume continues a run with its saved config; do not combine it with "
+                              "--plugin, --config or --set")
+        sim = Simulation.resume(Path(resume_dir), progress=not no_progress)
+        click.echo(f"resuming {sim.run_dir} after round {sim.completed_round}")
+    else:
+        layers = []
+        if config_file:
+            layers.append(load_file(config_file))
+        layers.append(parse_sets(sets))
+        if plugin is None and not any("algorithm" in layer for layer in layers):
+            raise ConfigError("name an algorithm: fl run --plugin NAME (fl list algorithms shows them)")
+        cfg = resolve(layers, algorithm=plugin)
+        sim = Simulation(cfg, progress=not no_progress)
+        click.echo(f"run directory: {sim.run_dir}")
+    result = sim.run()
+    click.echo(format_summary(result))
+    if result.get("interrupted"):
+        click.echo(f"interrupted after round {result['rounds_completed']}; continue with:\n"
+                   f"  fl run --resume {sim.run_dir}")
+    click.echo(f"metrics: {sim.run_dir / 'metrics.jsonl'}\n"
+               f"watch in TensorBoard: tensorboard --logdir {sim.run_dir / 'tb'}")
