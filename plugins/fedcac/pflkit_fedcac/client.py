@@ -1,0 +1,72 @@
+"""FedCAC client (Algorithm 1, client side): train E epochs, score sensitivity (Eq. 5), upload model + mask (Eq. 6),
+then load the personalised initialisation the server composed (Eq. 11)."""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from easydict import EasyDict
+from torch import nn
+
+from pflkit.core import BitMask, LocalSGDTrainer, Param, PflError
+from pflkit.core.params import unit_interval
+from pflkit.core.state import bn_keys, load_into
+
+from .equations import SELECTIONS, critical_masks, sensitivity
+
+PROTOCOL = "fedcac"
+
+
+class FedCACTrainer(LocalSGDTrainer):
+    """Local SGD on the personal model; uploads its parameters and a 1-bit critical mask per parameter.
+
+    Messages (protocol 'fedcac'):
+      ``fit`` {} -> {params, mask: {key: BitMask}, num_samples, train_loss, metrics: {critical_fraction}}
+      ``update`` {params} -> {}         the server's Eq. (11) result for this client; loaded in place
+      ``evaluate`` {} -> eval sums      of the personal model
+
+    Only trainable parameters travel. Buffers -- batch-norm running statistics above all -- never leave the
+    client and are never overwritten (the paper, Section 4.2, keeps running_mean/var local like FedBN).
+    """
+
+    protocol = PROTOCOL
+    description = "local SGD; uploads model + critical-parameter bit mask (Eq. 5-6); loads its Eq. 11 model"
+    params = {
+        "tau": Param(0.5, "fraction of each parameter tensor marked critical (Eq. 6); paper default 0.5",
+                     check=unit_interval),
+        "selection": Param("sensitivity", "how critical parameters are chosen (Figure 3): sensitivity = top-tau of "
+                           "Eq. 5 (the method), random, reverse = least sensitive", choices=SELECTIONS),
+    }
+
+    @classmethod
+    def shared_keys(cls, model: nn.Module, hp: EasyDict) -> List[str]:
+        """Trainable parameters, never a batch-norm statistic (those are buffers and stay local)."""
+        local = set(bn_keys(model))
+        return [k for k, p in model.named_parameters() if p.requires_grad and k not in local]
+
+    def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        params = dict(self.model.named_parameters())
+        start = {k: params[k].detach().clone() for k in self.shared}  # theta^{t,0}
+        loss = self.local_update()  # E epochs of the core's run_sgd
+        end = {k: params[k].detach() for k in self.shared}  # theta^{t,E}
+        masks = critical_masks(sensitivity(start, end), self.ctx.hp.tau, self.ctx.hp.selection,
+                               generator=self.ctx.generator)
+        critical = sum(int(m.sum()) for m in masks.values())
+        total = sum(m.numel() for m in masks.values())
+        return {
+            "params": self.upload(),
+            "mask": {k: BitMask(m) for k, m in masks.items()},
+            "num_samples": self.ctx.num_train,
+            "train_loss": loss,
+            "metrics": {"critical_fraction": critical / max(total, 1)},
+        }
+
+    def on_update(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        """Adopt the server-composed ``w_i^{t+1}`` (Eq. 11) for the shared parameters; buffers stay as they are."""
+        params = payload.get("params")
+        if not isinstance(params, dict):
+            raise PflError("fedcac 'update' message carries no 'params'")
+        missing = [k for k in self.shared if k not in params]
+        if missing:
+            raise PflError(f"fedcac 'update' message lacks parameters {missing[:3]}")
+        load_into(self.model, {k: params[k] for k in self.shared})
+        return {}
