@@ -171,9 +171,3 @@ def size_pair(image_size) -> Tuple[int, int]:
         return int(image_size[0]), int(image_size[1])
     return int(image_size), int(image_size)
 
-
-def image_size_check(v) -> Optional[str]:
-    vals = v if isinstance(v, (list, tuple)) else [v]
-    if len(vals) not in (1, 2) or not all(isinstance(s, int) and s > 0 for s in vals):
-        return "must be a positive integer or [height, width]"
-    return None

@@ -21,7 +21,7 @@ from pflkit.core.params import Param, positive
 from pflkit.core.task import classification
 
 from ._common import (NormalizeUint8, channel_stats, data_root, ensure_files, list_images, load_images, read_idx,
-                      resize_uint8, size_pair, to_channels)
+                      size_pair)
 
 # Standard per-channel statistics of each set (in [0, 1] units).
 _STATS = {

@@ -1,11 +1,11 @@
 """The LeNet of FedC2I's Table 7 (appendix A)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from torch import nn
 
-from pflkit.core.params import Param, positive
+from pflkit.core.params import Param
 
 from .base import SplitModel, flat_size
 
@@ -30,7 +30,14 @@ def lenet(input_shape: Sequence[int], num_classes: int, channels: list = None, h
     return SplitModel(features, nn.Linear(h2, num_classes), h2)
 
 
+def _two_positive_ints(v) -> Optional[str]:
+    ok = len(v) == 2 and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in v)
+    return None if ok else "must be a list of two positive integers"
+
+
 lenet.params = {
-    "channels": Param([64, 64], "output channels of the two conv layers (Table 7: 64, 64)", type=list),
-    "hidden": Param([384, 192], "widths of the two FC feature layers (Table 7: 384, 192)", type=list),
+    "channels": Param([64, 64], "output channels of the two conv layers (Table 7: 64, 64)", type=list,
+                      check=_two_positive_ints),
+    "hidden": Param([384, 192], "widths of the two FC feature layers (Table 7: 384, 192)", type=list,
+                    check=_two_positive_ints),
 }

@@ -79,5 +79,7 @@ def test_models_registered_and_params_validated():
         assert isinstance(reg.MODELS.get(name).params, dict)
     cfg = resolve([{"model": {"name": "resnet10", "norm": "group"}}])
     assert cfg.model.norm == "group"
+    with pytest.raises(ConfigError, match="model.hidden.*two positive integers"):
+        resolve([{"model": {"name": "lenet", "hidden": [32]}}])
     with pytest.raises(ConfigError, match="model.norm"):
         resolve([{"model": {"name": "resnet18", "norm": "layer"}}])
