@@ -43,18 +43,21 @@ _CHUNK = 1 << 18
 # ---------------------------------------------------------------------------------------------------------
 # Dispersion split (Eq. 2-7)
 # ---------------------------------------------------------------------------------------------------------
-def coefficient_of_variation(stacked: torch.Tensor, eps: float = 1e-12) -> Tuple[torch.Tensor, torch.Tensor,
-                                                                                   torch.Tensor]:
-    """Per-entry client mean, squared deviations and coefficient of variation of a ``(K, M)`` stack.
+def coefficient_of_variation(stacked: torch.Tensor, eps: float = 1e-12) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-entry client mean and coefficient of variation of a ``(K, M)`` stack: ``(mu, cv)``, each ``(M,)``.
 
-    Returns ``(mu, sq_dev, cv)`` with shapes ``(M,)``, ``(K, M)``, ``(M,)``. An entry on which all clients agree
-    has cv 0 (also when its mean is 0); a non-zero spread around a zero mean gives a very large (finite) cv.
+    One fused pass (``var_mean``); the squared deviations ``s`` of Eq. 3 are formed later, by
+    ``squared_deviation``, for the high-dispersion columns only. An entry on which all clients agree has cv 0
+    (also when its mean is 0); a non-zero spread around a zero mean gives a very large (finite) cv.
     """
-    mu = stacked.mean(dim=0)                                   # Eq. 2
-    sq_dev = (stacked - mu).square_()                          # Eq. 3: SD(w_j), K x M
-    std = sq_dev.mean(dim=0).sqrt_()                           # sqrt(1/K * 1_{1xK} s_j)
-    cv = std / mu.abs().clamp_min(eps)                         # Eq. 4
-    return mu, sq_dev, cv
+    var, mu = torch.var_mean(stacked, dim=0, correction=0)    # Eq. 2 and 1/K * 1_{1xK} s_j (Eq. 3-4)
+    cv = var.sqrt_().div_(mu.abs().clamp_min(eps))             # Eq. 4
+    return mu, cv
+
+
+def squared_deviation(stacked: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+    """Eq. 3: ``s_j = SD(w_j) = (w_j - mu_j)^2``, ``(K, M)``."""
+    return (stacked - mu).square_()
 
 
 def high_dispersion_mask(cv: torch.Tensor, cv_t: float, norm: str = "minmax") -> torch.Tensor:
@@ -68,7 +71,7 @@ def high_dispersion_mask(cv: torch.Tensor, cv_t: float, norm: str = "minmax") ->
     """
     if norm not in CV_NORMS:
         raise ValueError(f"cv_norm must be one of {CV_NORMS}, got {norm!r}")
-    lo, hi = cv.min(), cv.max()
+    lo, hi = torch.aminmax(cv)
     span = hi - lo
     if not torch.isfinite(span) or span <= 0:
         return torch.zeros_like(cv, dtype=torch.bool)
@@ -98,8 +101,8 @@ def micro_classes(sq_dev: torch.Tensor, num_categories: int, norm: str = "minmax
     if norm not in MIC_NORMS:
         raise ValueError(f"mic_norm must be one of {MIC_NORMS}, got {norm!r}")
     if norm == "minmax":
-        lo = sq_dev.min(dim=0).values
-        span = sq_dev.max(dim=0).values - lo
+        lo, hi = torch.aminmax(sq_dev, dim=0)
+        span = hi - lo
         scaled = (sq_dev - lo) / span.clamp_min(torch.finfo(sq_dev.dtype).tiny)
     elif norm == "max":
         scaled = sq_dev / sq_dev.max(dim=0).values.clamp_min(torch.finfo(sq_dev.dtype).tiny)
@@ -317,7 +320,7 @@ def fedsa_aggregate(stacks: Iterable[Tuple[str, torch.Tensor]], cv_t: float, sim
     for name, stack in stacks:  # loop over layers (tensors), never over entries
         shapes[name] = stack.shape[1:]
         w = stack.reshape(stack.shape[0], -1)
-        mu, sq_dev, cv = coefficient_of_variation(w)                            # Eq. 2-4
+        mu, cv = coefficient_of_variation(w)                                    # Eq. 2-4
         mask = high_dispersion_mask(cv, cv_t, cv_norm)                          # Eq. 5-6
         # Eq. 7: low-dispersion entries take the client mean (high entries are overwritten below)
         results[name] = mu if client_weights is None else client_weights.to(w.dtype) @ w
@@ -326,12 +329,13 @@ def fedsa_aggregate(stacks: Iterable[Tuple[str, torch.Tensor]], cv_t: float, sim
         num_entries += mask.numel()
         if n_high == 0:
             continue
-        mic = micro_classes(sq_dev[:, mask], num_categories, mic_norm)          # Eq. 8-9
+        w_high = w[:, mask]
+        mic = micro_classes(squared_deviation(w_high, mu[mask]), num_categories, mic_norm)  # Eq. 3, 8-9
         part = mic_agreement(mic, num_categories)
         agreement = part if agreement is None else agreement + part
-        highs[name] = (mask, mic, w[:, mask])
+        highs[name] = (mask, mic, w_high)
         num_high += n_high
-        del sq_dev, w, stack
+        del w, stack
 
     clustering: Optional[Clustering] = None
     sim: Optional[torch.Tensor] = None

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from pflkit_fedsa import skew
-from pflkit_fedsa.skew import (cluster_clients, cluster_weights, client_similarity, coefficient_of_variation,
+from pflkit_fedsa.skew import (cluster_clients, cluster_weights, client_similarity, coefficient_of_variation, squared_deviation,
                                fedsa_aggregate, high_dispersion_mask, macro_categories, mic_agreement,
                                micro_classes)
 
@@ -24,14 +24,15 @@ def _constructed_layer():
 
 
 def test_coefficient_of_variation_on_constructed_tensor():
-    mu, sq_dev, cv = coefficient_of_variation(_constructed_layer())
+    mu, cv = coefficient_of_variation(_constructed_layer())
+    sq_dev = squared_deviation(_constructed_layer(), mu)
     torch.testing.assert_close(mu, torch.tensor([1.0, 1.0, 1.0, 2.0], dtype=torch.float64))
     torch.testing.assert_close(sq_dev[:, 2], torch.ones(4, dtype=torch.float64))
     torch.testing.assert_close(cv, torch.tensor([0.0, 0.1, 1.0, 0.25], dtype=torch.float64))
 
 
 def test_dispersion_split_minmax_threshold():
-    _, _, cv = coefficient_of_variation(_constructed_layer())
+    _, cv = coefficient_of_variation(_constructed_layer())
     # normalised cv = [0, 0.1, 1, 0.25]
     assert high_dispersion_mask(cv, 0.2).tolist() == [False, False, True, True]
     assert high_dispersion_mask(cv, 0.3).tolist() == [False, False, True, False]
@@ -43,17 +44,17 @@ def test_dispersion_split_minmax_threshold():
 
 def test_dispersion_split_constant_layer_is_all_low():
     same = torch.full((5, 7), 0.3)
-    _, _, cv = coefficient_of_variation(same)
+    _, cv = coefficient_of_variation(same)
     assert not high_dispersion_mask(cv, 0.0).any()
     zeros = torch.zeros(5, 3)  # zero mean and zero spread: cv 0, not NaN
-    _, _, cv0 = coefficient_of_variation(zeros)
+    _, cv0 = coefficient_of_variation(zeros)
     assert torch.isfinite(cv0).all() and not high_dispersion_mask(cv0, 0.0).any()
 
 
 def test_near_zero_mean_dominates_minmax_but_not_rank():
     layer = _constructed_layer()
     layer = torch.cat([layer, torch.tensor([[-1e-3], [1e-3], [-1e-3], [1e-3]], dtype=torch.float64) + 1e-9], 1)
-    _, _, cv = coefficient_of_variation(layer)
+    _, cv = coefficient_of_variation(layer)
     assert high_dispersion_mask(cv, 0.2).tolist() == [False] * 4 + [True]  # the zero-mean entry squeezes the rest
     assert high_dispersion_mask(cv, 0.2, "rank").sum() == 4
 
