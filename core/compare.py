@@ -85,8 +85,15 @@ def _plan(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequence[Mapp
         raise ConfigError(f"compare: settings given for '{stray[0]}', which is not among the compared "
                           f"algorithms ({', '.join(algorithms)})")
     # resolve everything before running anything: a typo must not surface after an hour of training
-    return {(algo, seed): resolve([*layers, *algorithm_layers.get(algo, ()), {"seed": int(seed)}], algorithm=algo)
-            for algo in algorithms for seed in seeds}
+    plan = {}
+    for algo in algorithms:
+        for seed in seeds:
+            try:
+                plan[algo, seed] = resolve([*layers, *algorithm_layers.get(algo, ()), {"seed": int(seed)}],
+                                           algorithm=algo)
+            except ConfigError as exc:  # name the algorithm: a key may exist for one trainer and not another
+                raise ConfigError(f"{algo}: {exc} (a key for one algorithm only: --set {algo}:KEY=VALUE)") from None
+    return plan
 
 
 def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequence[Mapping[str, Any]],
