@@ -49,10 +49,10 @@ class DittoTrainer(LocalSGDTrainer):
         self.personal = ctx.build_model()  # v_k^0 = w^0 (every build returns the same initial weights)
         shared = set(self.shared)
         global_params = dict(self.model.named_parameters())
-        names = [n for n, _ in self.personal.named_parameters() if n in shared]
-        self._personal_params: List[torch.nn.Parameter] = [dict(self.personal.named_parameters())[n]
-                                                           for n in names]
-        self._global_params: List[torch.nn.Parameter] = [global_params[n] for n in names]
+        # (v, w) parameter pairs of the proximal term, matched by name
+        pairs = [(p, global_params[n]) for n, p in self.personal.named_parameters() if n in shared]
+        self._personal_params: List[torch.nn.Parameter] = [v for v, _ in pairs]
+        self._global_params: List[torch.nn.Parameter] = [w for _, w in pairs]
 
     def personal_update(self) -> Dict[str, float]:
         """Algorithm 1's personal solver: SGD on F_k(v) + lambda/2 ||v - w^t||^2 with w^t = the received model."""
