@@ -18,7 +18,11 @@ TINY: Dict[str, Any] = {
 
 def tiny_config(algorithm: str, overrides: Optional[Dict[str, Any]] = None, sets: tuple = ()):
     """A resolved config for ``algorithm`` sized for unit tests (4 clients, 2 rounds, small MLP)."""
-    layer = deep_merge(TINY, overrides or {})
+    overrides = dict(overrides or {})
+    base = dict(TINY)
+    if overrides.get("model", {}).get("name", "mlp") != "mlp":
+        base.pop("model")  # the tiny MLP's keys do not apply to another model
+    layer = deep_merge(base, overrides)
     return resolve([layer, parse_sets(sets)], algorithm=algorithm)
 
 

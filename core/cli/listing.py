@@ -8,7 +8,7 @@ import click
 from .. import registry as reg
 from ..config import CORE_SCHEMA, COMPONENT_SECTIONS, component_params
 from ..params import Param
-from .main import friendly_errors
+from .common import friendly_errors
 
 
 @click.command("list")

@@ -1,37 +1,12 @@
 """The ``fl`` command line. Every user error is printed as one clear line (exit status 2), never a traceback."""
 from __future__ import annotations
 
-import functools
 import logging
-import sys
-from pathlib import Path
-from typing import Any, Callable, Tuple
 
 import click
 
-from ..errors import PflError
 
-
-def friendly_errors(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except PflError as exc:
-            raise click.ClickException(str(exc)) from None  # click prints "Error: ..." and exits 1
-    return wrapper
-
-
-class _Group(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.ClickException as exc:
-            exc.exit_code = 2
-            raise
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Show debug logging (client tracebacks).")
 def cli(verbose: bool) -> None:
     """pflkit: personalized federated learning experiments with plugin algorithms."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..config import load_file, parse_sets, resolve
 from ..errors import ConfigError
-from .main import friendly_errors
+from .common import friendly_errors
 
 
 def bubble_plot(counts: np.ndarray, path: Path, title: str) -> None:

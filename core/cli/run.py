@@ -9,7 +9,7 @@ import click
 
 from ..config import load_file, parse_sets, resolve
 from ..errors import ConfigError
-from .main import friendly_errors
+from .common import friendly_errors
 
 
 def format_summary(result: Dict[str, Any]) -> str:

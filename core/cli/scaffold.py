@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import ConfigError
-from .main import friendly_errors
+from .common import friendly_errors
 
 PYPROJECT = """[build-system]
 requires = ["setuptools>=64", "wheel"]
