@@ -10,8 +10,9 @@ same user layers (file and ``--set`` overrides; ``seed`` is then set per run), e
   (mean over seeds, shaded band = std over seeds).
 
 Std over seeds is the population std (numpy's default, ddof=0), as PFLlib reports it. A run directory that already
-holds a finished run with the identical configuration is reused instead of rerun, so an interrupted or extended
-comparison picks up where it stopped; one with a different configuration is an error.
+holds a finished run with the identical configuration is reused instead of rerun, and an interrupted one (Ctrl-C
+leaves a checkpoint) is resumed, so an interrupted or extended comparison picks up where it stopped; a run
+directory of a different configuration is an error.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from .checkpoint import CHECKPOINT_NAME
 from .config import resolve, to_plain
 from .errors import CheckpointError, ConfigError
 
@@ -53,21 +55,28 @@ def _read_curve(run_dir: Path, metric: str) -> Dict[str, List[float]]:
     return {"rounds": rounds, "uniform": uniform, "weighted": weighted}
 
 
-def _reusable(run_dir: Path, cfg: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
-    """The finished summary in ``run_dir`` when its config equals ``cfg``; None when there is no run; error else."""
+def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Optional[str]:
+    """What ``run_dir`` holds for ``cfg``: None (nothing), 'finished' (reuse it) or 'resume' (an interrupted run of
+    the same configuration with a checkpoint). Anything else is an error: it is never silently overwritten."""
     if not run_dir.exists():
         return None
-    summary_path, config_path = run_dir / "summary.json", run_dir / "config.json"
     try:
-        saved_cfg = json.loads(config_path.read_text())
-        summary = json.loads(summary_path.read_text())
+        same_config = json.loads((run_dir / "config.json").read_text()) == to_plain(cfg)
     except (OSError, json.JSONDecodeError):
-        summary, saved_cfg = None, None
-    if summary is None or saved_cfg != to_plain(cfg) or summary.get("interrupted") \
-            or summary.get("rounds_completed") != cfg["rounds"]:
-        raise CheckpointError(f"{run_dir} already exists and is not a finished run of the same configuration; "
-                              f"remove it or choose another --out folder")
-    return summary
+        same_config = False
+    summary = None
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        pass
+    if same_config:
+        if summary is not None and not summary.get("interrupted") \
+                and summary.get("rounds_completed") == cfg["rounds"]:
+            return "finished"
+        if (run_dir / CHECKPOINT_NAME).exists():
+            return "resume"
+    raise CheckpointError(f"{run_dir} already exists and is neither a finished run nor a resumable checkpoint of "
+                          f"the same configuration; remove it or choose another --out folder")
 
 
 def _plan(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequence[Mapping[str, Any]],
@@ -119,12 +128,16 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
     metric, interrupted = None, False
     for (algo, seed), cfg in plan.items():
         run_dir = runs_root / f"{algo}-seed{seed}"
-        summary = _reusable(run_dir, cfg)
-        if summary is None:
+        state = _existing_run(run_dir, cfg)
+        if state == "finished":
+            log.info("compare: reusing the finished run in %s", run_dir)
+            summary = json.loads((run_dir / "summary.json").read_text())
+        elif state == "resume":
+            log.info("compare: resuming the interrupted run in %s", run_dir)
+            summary = Simulation.resume(run_dir, tensorboard=False, progress=progress).run()
+        else:
             log.info("compare: running %s with seed %d in %s", algo, seed, run_dir)
             summary = Simulation(cfg, run_dir=run_dir, tensorboard=False, progress=progress).run()
-        else:
-            log.info("compare: reusing the finished run in %s", run_dir)
         if metric is None:
             metric = summary["metric"]
         entry = per_algo[algo]

@@ -70,6 +70,22 @@ def test_finished_runs_are_reused_and_changed_config_refused(comparison):
         run_comparison(ALGOS, SEEDS, [TINY, {"train": {"lr": 0.01}}], out)
 
 
+def test_interrupted_run_is_resumed(tmp_path):
+    from pflkit.core import Simulation
+    from pflkit.core.config import resolve
+
+    cfg = resolve([TINY, {"seed": 0}], algorithm="fedavg")
+    run_dir = tmp_path / "runs" / "fedavg-seed0"
+    partial = Simulation(cfg, run_dir=run_dir, tensorboard=False).run(stop_after=1)
+    assert partial["interrupted"] and partial["rounds_completed"] == 1
+    results = run_comparison(["fedavg"], [0], [TINY], tmp_path)
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["rounds_completed"] == 2 and not resumed["interrupted"]
+    assert results["results"]["fedavg"]["final_uniform"]["mean"] == resumed["final"]["uniform"]
+    uninterrupted = run_comparison(["fedavg"], [0], [TINY], tmp_path / "fresh")
+    assert uninterrupted["results"]["fedavg"]["final_uniform"] == results["results"]["fedavg"]["final_uniform"]
+
+
 def test_input_errors_are_pfl_errors_raised_before_running(tmp_path):
     with pytest.raises(UnknownNameError, match="fedavgg"):
         run_comparison(["fedavg", "fedavgg"], [0], [TINY], tmp_path / "a")
