@@ -107,17 +107,17 @@ class FedSAAggregator(GlobalModelAggregator):
 
         device = self.ctx.device
 
-        def stacks():  # stacked lazily, one tensor at a time, to bound the server's memory
+        def layers():  # one tensor at a time; the math accumulates client by client (no K x M stack)
             for k in keys:
                 ref = states[0][k]
                 compute = torch.float32 if ref.dtype in (torch.float16, torch.bfloat16) else ref.dtype
-                yield k, torch.stack([s[k].to(device=device, dtype=compute) for s in states])
+                yield k, [s[k].to(device=device, dtype=compute) for s in states]
 
         client_weights = None
         if hp.client_weighting == "samples":
             client_weights = torch.as_tensor(weights, dtype=torch.float64, device=device)
         combined, report = fedsa_aggregate(
-            stacks(), cv_t=hp.cv_t, sim_t=hp.sim_t, num_categories=hp.mic_categories, max_clusters=hp.max_clusters,
+            layers(), cv_t=hp.cv_t, sim_t=hp.sim_t, num_categories=hp.mic_categories, max_clusters=hp.max_clusters,
             mic_norm=hp.mic_norm, alpha_norm=hp.alpha_norm, cv_norm=hp.cv_norm,
             client_weights=client_weights)
         for k in keys:

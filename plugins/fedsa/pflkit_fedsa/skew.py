@@ -28,7 +28,7 @@ Reading of the badly typeset method section (see ``shared/papers/NOTES.md``, Fed
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -43,15 +43,35 @@ _CHUNK = 1 << 18
 # ---------------------------------------------------------------------------------------------------------
 # Dispersion split (Eq. 2-7)
 # ---------------------------------------------------------------------------------------------------------
-def coefficient_of_variation(stacked: torch.Tensor, eps: float = 1e-12) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-entry client mean and coefficient of variation of a ``(K, M)`` stack: ``(mu, cv)``, each ``(M,)``.
+ClientTensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 
-    One fused pass (``var_mean``); the squared deviations ``s`` of Eq. 3 are formed later, by
+
+def _client_list(clients: ClientTensors) -> List[torch.Tensor]:
+    """The K client copies of one layer as a list of flat tensors (a ``(K, ...)`` stack is unbound, no copy)."""
+    seq = clients.unbind(0) if isinstance(clients, torch.Tensor) else clients
+    return [x.reshape(-1) for x in seq]
+
+
+def coefficient_of_variation(clients: ClientTensors, eps: float = 1e-12) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-entry client mean and coefficient of variation of one layer: ``(mu, cv)``, each ``(M,)``.
+
+    ``clients``: a ``(K, M)`` stack or K flat tensors. Accumulated client by client (a loop over the K clients,
+    vectorised over the M entries): this avoids materialising the K x M stack and is much faster on CPU than a
+    reduction over the stack's first dimension. Two passes (mean, then squared deviations) keep the variance
+    accurate when ``|mu|`` is far larger than the spread. The squared deviations ``s`` of Eq. 3 are formed, by
     ``squared_deviation``, for the high-dispersion columns only. An entry on which all clients agree has cv 0
     (also when its mean is 0); a non-zero spread around a zero mean gives a very large (finite) cv.
     """
-    var, mu = torch.var_mean(stacked, dim=0, correction=0)    # Eq. 2 and 1/K * 1_{1xK} s_j (Eq. 3-4)
-    cv = var.sqrt_().div_(mu.abs().clamp_min(eps))             # Eq. 4
+    xs = _client_list(clients)
+    mu = torch.zeros_like(xs[0])
+    for x in xs:
+        mu.add_(x)
+    mu.div_(len(xs))                                           # Eq. 2
+    var = torch.zeros_like(mu)
+    for x in xs:
+        d = x - mu
+        var.addcmul_(d, d)                                     # Eq. 3 summed over clients: 1_{1xK} s_j
+    cv = var.div_(len(xs)).sqrt_().div_(mu.abs().clamp_min(eps))  # Eq. 4
     return mu, cv
 
 
@@ -296,15 +316,15 @@ class FedSAReport:
     similarity: Optional[torch.Tensor]
 
 
-def fedsa_aggregate(stacks: Iterable[Tuple[str, torch.Tensor]], cv_t: float, sim_t: float, num_categories: int,
+def fedsa_aggregate(layers: Iterable[Tuple[str, ClientTensors]], cv_t: float, sim_t: float, num_categories: int,
                     max_clusters: int, mic_norm: str = "minmax", alpha_norm: str = "normalized",
                     cv_norm: str = "minmax", client_weights: Optional[torch.Tensor] = None
                     ) -> Tuple[Dict[str, torch.Tensor], FedSAReport]:
     """FedSA over named layers: Algorithm 1, lines 5-13.
 
-    ``stacks`` yields ``(name, stack)`` with ``stack`` the ``(K, ...)`` stack of the K client copies of that tensor
-    (a dict's ``.items()`` or a generator that stacks lazily: only one full stack is alive at a time, plus the
-    high-dispersion columns kept for the second pass).
+    ``layers`` yields ``(name, clients)``: the K client copies of that tensor, as a ``(K, ...)`` stack or a
+    sequence of K equally shaped tensors (e.g. a dict's ``.items()``, or a generator). No K x M stack is built:
+    only the high-dispersion columns are gathered and kept for the second pass.
     ``client_weights`` (``(K,)``, optional): weights of the low-dispersion mean (Eq. 7) and of the cluster means
     (Eq. 12); ``None`` (the paper's ``Mean``) is the uniform mean. The dispersion statistics (Eq. 2-4) always use
     the uniform mean. Returns the aggregated tensors (original shapes) and a report.
@@ -313,38 +333,44 @@ def fedsa_aggregate(stacks: Iterable[Tuple[str, torch.Tensor]], cv_t: float, sim
         client_weights = client_weights / client_weights.sum()
     results: Dict[str, torch.Tensor] = {}
     shapes: Dict[str, torch.Size] = {}
-    highs: Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # name -> (mask, mic, w[:, mask])
+    highs: Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # name -> (index, mic, w[:, index])
     high_share: Dict[str, float] = {}
     agreement: Optional[torch.Tensor] = None
     num_high = num_entries = 0
-    for name, stack in stacks:  # loop over layers (tensors), never over entries
-        shapes[name] = stack.shape[1:]
-        w = stack.reshape(stack.shape[0], -1)
-        mu, cv = coefficient_of_variation(w)                                    # Eq. 2-4
+    for name, clients in layers:  # loop over layers (tensors), never over entries
+        shapes[name] = (clients.shape[1:] if isinstance(clients, torch.Tensor) else clients[0].shape)
+        xs = _client_list(clients)
+        mu, cv = coefficient_of_variation(xs)                                   # Eq. 2-4
         mask = high_dispersion_mask(cv, cv_t, cv_norm)                          # Eq. 5-6
-        # Eq. 7: low-dispersion entries take the client mean (high entries are overwritten below)
-        results[name] = mu if client_weights is None else client_weights.to(w.dtype) @ w
-        n_high = int(mask.sum())
-        high_share[name] = n_high / max(1, mask.numel())
+        if client_weights is None:
+            results[name] = mu                                                  # Eq. 7 (uniform Mean)
+        else:
+            mean = torch.zeros_like(mu)
+            for x, wk in zip(xs, client_weights.tolist()):
+                mean.add_(x, alpha=wk)
+            results[name] = mean                                                # Eq. 7 (sample-weighted)
         num_entries += mask.numel()
+        index = mask.nonzero().squeeze(1)
+        n_high = int(index.numel())
+        high_share[name] = n_high / max(1, mask.numel())
         if n_high == 0:
             continue
-        w_high = w[:, mask]
-        mic = micro_classes(squared_deviation(w_high, mu[mask]), num_categories, mic_norm)  # Eq. 3, 8-9
+        w_high = torch.stack([x.index_select(0, index) for x in xs])           # K x M' (r^h columns)
+        mic = micro_classes(squared_deviation(w_high, mu.index_select(0, index)), num_categories,
+                            mic_norm)                                           # Eq. 3, 8-9
         part = mic_agreement(mic, num_categories)
         agreement = part if agreement is None else agreement + part
-        highs[name] = (mask, mic, w_high)
+        highs[name] = (index, mic, w_high)
         num_high += n_high
-        del w, stack
 
     clustering: Optional[Clustering] = None
     sim: Optional[torch.Tensor] = None
     if num_high > 0:
         sim = similarity_from_agreement(agreement, num_high)                    # Eq. 10
         clustering = cluster_clients(sim, max_clusters, sim_t)                  # Macro-Classes
-        for name, (mask, mic, w_high) in highs.items():
+        for name, (index, mic, w_high) in highs.items():
             high = high_dispersion_result(w_high, mic, clustering.clusters, num_categories, alpha_norm,
                                           client_weights)                        # Eq. 11, 12, 14, 15
-            results[name][mask] = high                                          # Eq. 13: w^l + w^h
+            results[name].index_copy_(0, index, high.to(results[name].dtype))   # Eq. 13: w^l + w^h
     out = {name: results[name].reshape(shapes[name]) for name in results}
     return out, FedSAReport(high_share, num_high, num_entries, clustering, sim)
