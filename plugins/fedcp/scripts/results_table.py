@@ -6,8 +6,11 @@ is not installed are reported as missing.
 
     python plugins/fedcp/scripts/results_table.py                      # 20 clients, 20 rounds, seeds 0 1 2
     python plugins/fedcp/scripts/results_table.py --jobs 4 --rounds 30 --out /tmp/table.md
+    python plugins/fedcp/scripts/results_table.py --methods fedcp "fedcp+trainer.lambda_mmd=1" fedavg
 
-Each run uses one CPU thread; ``--jobs`` runs that many in parallel processes.
+A method is an algorithm name, optionally followed by ``+key=value`` config overrides (a labelled variant).
+Each run uses one CPU thread; ``--jobs`` runs that many in parallel processes. ``--json`` saves per-run results;
+``--reuse`` takes runs from such a file instead of repeating them (only runs with the same settings are reused).
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-METHODS = ["fedcp", "fedavg", "local", "fedper", "fedrep", "ditto"]
+METHODS = ["fedcp", "fedcp+trainer.lambda_mmd=1", "fedcp+trainer.lambda_mmd=0.1",
+           "fedavg", "local", "fedper", "fedrep", "ditto"]
 
 
 def common_config(rounds: int, clients: int, seed: int, lr: float) -> Dict[str, Any]:
@@ -38,20 +42,28 @@ def common_config(rounds: int, clients: int, seed: int, lr: float) -> Dict[str, 
     }
 
 
+def split_spec(spec: str) -> Tuple[str, List[str]]:
+    """``"fedcp+trainer.lambda_mmd=1"`` -> ``("fedcp", ["trainer.lambda_mmd=1"])``."""
+    name, *sets = spec.split("+")
+    return name, sets
+
+
 def run_one(args: Tuple[str, int, int, int, float]) -> Dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
     from pflkit.core import Simulation
-    from pflkit.core.config import resolve
+    from pflkit.core.config import parse_sets, resolve
 
     method, seed, rounds, clients, lr = args
-    cfg = resolve([common_config(rounds, clients, seed, lr)], algorithm=method)
+    name, sets = split_spec(method)
+    cfg = resolve([common_config(rounds, clients, seed, lr), parse_sets(sets)], algorithm=name)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         summary = Simulation(cfg, run_dir=Path(tmp) / "run", tensorboard=False).run()
     return {"method": method, "seed": seed, "final": summary["final"]["uniform"],
-            "best": summary["best"]["uniform"], "seconds": time.perf_counter() - start}
+            "best": summary["best"]["uniform"], "seconds": time.perf_counter() - start,
+            "settings": {"rounds": rounds, "clients": clients, "lr": lr}}
 
 
 def mean_std(values: List[float]) -> str:
@@ -70,16 +82,21 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     ap.add_argument("--json", type=Path, default=None, help="write the per-run results here")
+    ap.add_argument("--reuse", type=Path, default=None, help="per-run results (from --json) to reuse")
     a = ap.parse_args(argv)
 
     from pflkit.core.registry import ALGORITHMS
 
-    available = [m for m in a.methods if m in ALGORITHMS]
-    missing = [m for m in a.methods if m not in ALGORITHMS]
-    jobs = [(m, s, a.rounds, a.clients, a.lr) for m in available for s in a.seeds]
+    available = [m for m in a.methods if split_spec(m)[0] in ALGORITHMS]
+    missing = [m for m in a.methods if split_spec(m)[0] not in ALGORITHMS]
+    settings = {"rounds": a.rounds, "clients": a.clients, "lr": a.lr}
+    old = json.loads(a.reuse.read_text()) if a.reuse else []
+    reused = {(r["method"], r["seed"]): r for r in old if r.get("settings") == settings}
+    results = [reused[(m, s)] for m in available for s in a.seeds if (m, s) in reused]
+    jobs = [(m, s, a.rounds, a.clients, a.lr) for m in available for s in a.seeds if (m, s) not in reused]
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        results = list(pool.map(run_one, jobs))
+        results += list(pool.map(run_one, jobs))
     wall = time.perf_counter() - start
 
     lines = [f"Digits (sklearn 8x8, embedded), {a.clients} clients, Dir(0.1), 75/25 split, cnn4, SGD lr {a.lr}, "
@@ -93,7 +110,8 @@ def main(argv=None) -> int:
                      f"{statistics.mean(r['seconds'] for r in rs):.0f} |")
     for m in missing:
         lines.append(f"| {m} | not installed | | |")
-    lines += ["", f"({len(jobs)} runs, {a.jobs} parallel jobs, {wall:.0f} s wall clock)"]
+    lines += ["", f"({len(jobs)} runs now, {len(results) - len(jobs)} reused, {a.jobs} parallel jobs, "
+                  f"{wall:.0f} s wall clock)"]
     table = "\n".join(lines)
     print(table)
     if a.out:
