@@ -240,13 +240,14 @@ def plot_curves(results: Mapping[str, Any], path: Path) -> None:
     metric = results["metric"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, key in zip(axes, ("uniform", "weighted")):
-        for algo in results["algorithms"]:
+        for i, algo in enumerate(results["algorithms"]):
             runs = results["results"][algo]["runs"]
             rounds, mean, std = _mean_band([r["curve"] for r in runs], key)
             if not rounds:
                 continue
+            # line styles cycle too, so coinciding curves (e.g. FedProx with a tiny mu over FedAvg) stay visible
             line, = ax.plot(rounds, mean, marker="o" if len(rounds) < 15 else None, markersize=3,
-                            label=f"{algo} (n={len(runs)})")
+                            linestyle=("-", "--", "-.", ":")[i % 4], label=f"{algo} (n={len(runs)})")
             if len(runs) > 1:
                 ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_title(f"test {metric}, " + ("mean over clients" if key == "uniform" else "pooled over test samples"))
