@@ -25,10 +25,8 @@ def _register_commands() -> None:
     cli.add_command(show_command)
     cli.add_command(new_plugin_command)
     cli.add_command(partition_command)
-    try:
-        from .compare import compare_command
-    except ImportError:  # the compare command is optional while it is being built
-        return
+    from .compare import compare_command
+
     cli.add_command(compare_command)
 
 
