@@ -189,7 +189,8 @@ def cluster_clients(sim: torch.Tensor, max_clusters: int, sim_t: float) -> Clust
         return Clustering([])
     if k == 1:
         return Clustering([[0]])
-    s = sim.double().clone()
+    sim = sim.detach().double().cpu()  # K x K: tiny; the greedy steps below are index bookkeeping
+    s = sim.clone()
     s.fill_diagonal_(float("-inf"))
     unassigned = list(range(k))
     clusters: List[List[int]] = []
@@ -200,7 +201,7 @@ def cluster_clients(sim: torch.Tensor, max_clusters: int, sim_t: float) -> Clust
             return None
         u = torch.tensor(unassigned)
         # mean similarity of each cluster's members to each unassigned client: (num_clusters, len(u))
-        links = torch.stack([sim.double()[c][:, u].mean(dim=0) for c in clusters])
+        links = torch.stack([sim[c][:, u].mean(dim=0) for c in clusters])
         best = int(torch.argmax(links))
         ci, ui = divmod(best, len(unassigned))
         return float(links[ci, ui]), unassigned[ui], ci
