@@ -7,8 +7,9 @@ All other parameters are averaged with sample weights (Algorithm 1's aggregation
 non-BN layers only). A client is evaluated with the shared non-BN layers and its own BN layers.
 
 On a model without BatchNorm layers nothing is kept local and FedBN *is* FedAvg; the trainer logs a warning
-saying so. The default model is the paper's digit CNN (``fedbn_cnn``, BN after every layer), registered by this
-package.
+saying so. The default model is the paper's digit-CNN design (``fedbn_cnn``, BN after every layer; registered by
+this package) at cnn4's widths, since the paper's widths (convs 64/64/128, FC 2048/512) are sized for 28x28 inputs
+and cost 13x the communication on the 8x8 digits; ``model.channels`` / ``model.hidden`` restore them.
 """
 import logging
 from typing import List
@@ -49,9 +50,11 @@ ALGORITHM = Algorithm(
     trainer="fedbn", aggregator="fedavg",
     description="FedBN: FedAvg in which every BatchNorm layer (affine parameters and running statistics) stays "
                 "local (Li et al., 2021); on a model without BatchNorm it equals FedAvg. Defaults: the paper's "
-                "digit CNN (model fedbn_cnn: BN after every conv and hidden FC layer), SGD lr 0.01, batch 32, "
-                "1 local epoch (the paper's settings).",
+                "digit-CNN design (model fedbn_cnn: BN after every conv and hidden FC layer) at cnn4's widths "
+                "(convs 32, 64; FC 512) for the 8x8 digits, batch 32 and 1 local epoch as in the paper, SGD lr 0.05 "
+                "(paper: 0.01, slower on digits: 20 rounds gave final uniform accuracy 0.578 vs 0.645).",
     paper="Li, Jiang, Zhang, Kamp, Dou: FedBN: Federated Learning on Non-IID Features via Local Batch "
           "Normalization, ICLR 2021",
-    defaults={"model": {"name": "fedbn_cnn"}, "train": {"lr": 0.01, "batch_size": 32, "local_epochs": 1}},
+    defaults={"model": {"name": "fedbn_cnn", "channels": [32, 64], "hidden": [512]},
+              "train": {"lr": 0.05, "batch_size": 32, "local_epochs": 1}},
 )
