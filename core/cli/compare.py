@@ -56,8 +56,8 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
                     progress: bool) -> None:
     """Compare algorithms on the same data, partition and seeds: a results table and accuracy curves.
 
-    Finished runs of an identical configuration already in OUT/runs are reused, so an interrupted comparison
-    continues where it stopped.
+    Finished runs of an identical configuration already in OUT/runs are reused and interrupted ones resumed, so
+    rerunning the same command continues an interrupted comparison where it stopped.
     """
     from ..compare import run_comparison
 
