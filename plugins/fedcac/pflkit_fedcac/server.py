@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from pflkit.core import BitMask, Message, Param, PflError, ServerAggregator
+from pflkit.core import BitMask, Message, Param, PflError, ServerAggregator, ServerContext
 from pflkit.core.params import non_negative, positive
 
 from .client import PROTOCOL
@@ -54,7 +54,7 @@ class FedCACAggregator(ServerAggregator):
                                    check=non_negative),
     }
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
         model = ctx.build_model()
         if ctx.shared_keys is not None:

@@ -2,6 +2,8 @@
 
     python plugins/fedcac/scripts/results_table.py                # the README's table (a few CPU minutes)
     python plugins/fedcac/scripts/results_table.py --seeds 0 1 --rounds 10 --workers 2
+    # ablations: NAME+key=value[+key=value...] runs NAME with those --set values
+    python plugins/fedcac/scripts/results_table.py --algorithms fedcac+aggregator.collaboration=none
 
 Every algorithm runs on the same data partition (one Dirichlet draw, fixed by --partition-seed, passed to every
 run as ready-made client data), with the same model, optimiser, batch size, local epochs and rounds; each keeps its
@@ -62,6 +64,12 @@ def run_one(algorithm: str, cfg_layer: Dict[str, Any], sets: List[str], partitio
             "bytes_down": summary["bytes_down_total"], "seconds": time.perf_counter() - start}
 
 
+def label(spec: str) -> str:
+    algo, *extra = spec.split("+")
+    name = LABELS.get(algo, algo)
+    return f"{name} ({', '.join(e.split('.')[-1] for e in extra)})" if extra else name
+
+
 def fmt(values: List[float]) -> str:
     arr = 100 * np.asarray(values)
     return f"{arr.mean():.2f} ± {arr.std():.2f}"
@@ -88,16 +96,19 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     from pflkit.core import registry as reg
 
-    installed = [a for a in args.algorithms if a in reg.ALGORITHMS.names()]
+    installed = [a for a in args.algorithms if a.split("+")[0] in reg.ALGORITHMS.names()]
     missing = [a for a in args.algorithms if a not in installed]
     jobs = []
-    for algo in installed:
-        sets = [f"aggregator.beta={args.beta}"] if algo == "fedcac" else []
+    for spec in installed:
+        algo, *extra = spec.split("+")
+        sets = ([f"aggregator.beta={args.beta}"] if algo == "fedcac" else []) + extra
         for seed in args.seeds:
             jobs.append((algo, common_config(args, seed), sets, args.partition_seed))
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         results = list(pool.map(run_one, *zip(*jobs)))
+    for spec, result in zip([spec for spec in installed for _ in args.seeds], results):
+        result["spec"] = spec
     wall = time.perf_counter() - start
 
     widths = f" {args.channels}/{args.hidden}" if args.model == "fedbn_cnn" else ""
@@ -105,14 +116,14 @@ def main(argv: Optional[List[str]] = None) -> None:
           f"{args.rounds} rounds, model {args.model}{widths}, SGD lr {args.lr}, batch {args.batch_size}, "
           f"{args.local_epochs} local epochs, FedCAC beta {args.beta}, run seeds {args.seeds}; "
           f"uniform mean client accuracy (%), mean ± std over seeds\n")
-    print("| Method | final (last 5 rounds) | best round | uplink MB / run | CPU s / run |")
+    print("| Method | final (last 5 rounds) | best round | uplink MB / run | wall s / run (shared CPU) |")
     print("|---|---|---|---|---|")
-    for algo in installed:
-        rows = [r for r in results if r["algorithm"] == algo]
-        print(f"| {LABELS.get(algo, algo)} | {fmt([r['final'] for r in rows])} | {fmt([r['best'] for r in rows])} "
+    for spec in installed:
+        rows = [r for r in results if r["spec"] == spec]
+        print(f"| {label(spec)} | {fmt([r['final'] for r in rows])} | {fmt([r['best'] for r in rows])} "
               f"| {np.mean([r['bytes_up'] for r in rows]) / 1e6:.2f} | {np.mean([r['seconds'] for r in rows]):.0f} |")
-    for algo in missing:
-        print(f"| {LABELS.get(algo, algo)} | (plugin not installed) | | | |")
+    for spec in missing:
+        print(f"| {label(spec)} | (plugin not installed) | | | |")
     print(f"\n{len(jobs)} runs in {wall:.0f} s wall-clock with {args.workers} workers")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
