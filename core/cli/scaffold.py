@@ -45,7 +45,7 @@ from typing import List
 import torch
 
 from pflkit.core import Algorithm, GlobalModelAggregator, LocalSGDTrainer, Param
-from pflkit.core.state import State, weighted_average
+from pflkit.core.state import State, proximal_term, weighted_average
 
 
 class {cls}Trainer(LocalSGDTrainer):
@@ -62,8 +62,7 @@ class {cls}Trainer(LocalSGDTrainer):
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = super().loss(x, y)
         if self.ctx.hp.prox > 0:
-            drift = sum(((p - a) ** 2).sum() for p, a in zip(self.model.parameters(), self.anchor))
-            loss = loss + 0.5 * self.ctx.hp.prox * drift
+            loss = loss + 0.5 * self.ctx.hp.prox * proximal_term(list(self.model.parameters()), self.anchor)
         return loss
 
 

@@ -24,7 +24,7 @@ import torch
 
 from pflkit.core import Algorithm, LocalSGDTrainer, Param, make_optimizer, run_sgd
 from pflkit.core.params import non_negative, positive
-from pflkit_fedprox import proximal_term
+from pflkit.core.state import proximal_term
 
 __all__ = ["DittoTrainer", "ALGORITHM"]
 

@@ -18,20 +18,9 @@ import torch
 
 from pflkit.core import Algorithm, LocalSGDTrainer, Param
 from pflkit.core.params import non_negative
+from pflkit.core.state import proximal_term
 
 __all__ = ["FedProxTrainer", "ALGORITHM", "proximal_term"]
-
-
-def proximal_term(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``||params - anchors||^2`` summed over all tensors, differentiable w.r.t. ``params``.
-
-    Uses torch's multi-tensor (``_foreach``) kernels: one fused launch per op instead of a Python loop per
-    parameter tensor. ``anchors`` must be detached.
-    """
-    if not params:
-        return torch.zeros(())
-    norms = torch._foreach_norm(torch._foreach_sub(list(params), list(anchors)))
-    return torch.stack(norms).square().sum()
 
 
 class FedProxTrainer(LocalSGDTrainer):
