@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 METHODS = ["fedcp", "fedcp+trainer.lambda_mmd=1", "fedcp+trainer.lambda_mmd=0.1",
+           "fedcp+trainer.lambda_mmd=1+participation.random_join_ratio=[0.1,1]",
            "fedavg", "local", "fedper", "fedrep", "ditto"]
 
 
@@ -63,7 +64,8 @@ def run_one(args: Tuple[str, int, int, int, float]) -> Dict[str, Any]:
         summary = Simulation(cfg, run_dir=Path(tmp) / "run", tensorboard=False).run()
     return {"method": method, "seed": seed, "final": summary["final"]["uniform"],
             "best": summary["best"]["uniform"], "seconds": time.perf_counter() - start,
-            "settings": {"rounds": rounds, "clients": clients, "lr": lr}}
+            "settings": {"rounds": rounds, "clients": clients, "lr": lr},
+            "trainer": dict(cfg.trainer), "aggregator": dict(cfg.aggregator)}
 
 
 def mean_std(values: List[float]) -> str:
