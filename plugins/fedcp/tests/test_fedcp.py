@@ -1,6 +1,7 @@
 """FedCP plugin tests: equations on known inputs, privacy of the personal head, frozen modules, end-to-end runs."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Dict
@@ -150,6 +151,31 @@ def test_receive_overwrites_both_extractors_global_head_and_cpn_only(tmp_path):
         torch.testing.assert_close(v, personal_head[k])
 
 
+@pytest.mark.parametrize("policy,noisy_train,noisy_eval", [("softmax", False, False), ("gumbel", True, True),
+                                                          ("gumbel_train", True, False)])
+def test_gumbel_noise_only_where_the_policy_says(tmp_path, policy, noisy_train, noisy_eval):
+    t = single_trainer(tmp_path, sets=(f"trainer.policy={policy}",))
+    t.v = t.make_client_vector()
+    x, _ = t.ctx.train.batch(torch.arange(8))
+    for training, noisy in ((True, noisy_train), (False, noisy_eval)):
+        torch.manual_seed(1)
+        a = t.forward(x, training)[2]
+        torch.manual_seed(2)
+        b = t.forward(x, training)[2]
+        assert torch.equal(a, b) != noisy
+
+
+def test_random_initial_client_vector_is_replaced_by_the_head_vector(tmp_path):
+    t = single_trainer(tmp_path, sets=("trainer.client_vector_init=random",))
+    t.on_fit({})
+    first = t.v.clone()
+    assert not torch.allclose(first, client_vector(t.model.head))  # uniform random, not from the head
+    assert bool(((first >= 0) & (first < 1)).all())
+    head_before = client_vector(t.model.head)
+    t.on_fit({})
+    torch.testing.assert_close(t.v, head_before)  # from the 2nd iteration on: v_i from the personal head
+
+
 def test_server_weights_are_sample_proportional(tmp_path):
     agg = make_sim(tmp_path).server
     keys = list(agg.global_state)
@@ -209,6 +235,9 @@ def test_end_to_end_seeded_and_resumable(tmp_path):
     assert a["rounds_completed"] == 3 and a["client_failures"] == 0
     assert a["final"] == b["final"]
     assert a["last"]["accuracy/uniform"] > 0.2  # 10 classes: chance is 0.1
+    rows = [json.loads(line) for line in (Path(a["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    shares = [r["clients/personal_share"] for r in rows if "clients/personal_share" in r]
+    assert len(shares) == 3 and all(0.0 < v < 1.0 for v in shares)
     # stop after round 2 and resume: client state (personal head, CPN, v_i) and server state round-trip
     cfg = tiny_config("fedcp", sets=("rounds=3",))
     Simulation(cfg, run_dir=tmp_path / "c", tensorboard=False).run(stop_after=2)
