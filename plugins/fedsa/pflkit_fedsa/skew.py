@@ -36,8 +36,8 @@ MIC_NORMS = ("minmax", "max", "none")
 CV_NORMS = ("minmax", "rank")
 ALPHA_NORMS = ("normalized", "printed")
 
-# Entries per chunk when one-hot encoding MIC categories (bounds the memory of the similarity matmul).
-_CHUNK = 1 << 18
+# Entries per chunk of the similarity matmuls (keeps the K x chunk indicators in cache; < 2^24 for exactness).
+_CHUNK = 1 << 15
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -68,9 +68,10 @@ def coefficient_of_variation(clients: ClientTensors, eps: float = 1e-12) -> Tupl
         mu.add_(x)
     mu.div_(len(xs))                                           # Eq. 2
     var = torch.zeros_like(mu)
+    dev = torch.empty_like(mu)  # one reusable buffer: no per-client allocation
     for x in xs:
-        d = x - mu
-        var.addcmul_(d, d)                                     # Eq. 3 summed over clients: 1_{1xK} s_j
+        torch.sub(x, mu, out=dev)
+        var.addcmul_(dev, dev)                                 # Eq. 3 summed over clients: 1_{1xK} s_j
     cv = var.div_(len(xs)).sqrt_().div_(mu.abs().clamp_min(eps))  # Eq. 4
     return mu, cv
 
@@ -85,8 +86,8 @@ def high_dispersion_mask(cv: torch.Tensor, cv_t: float, norm: str = "minmax") ->
 
     ``norm``: "minmax" -- ``(cv - min) / (max - min)`` as printed (default). Because cv divides by ``|mu|``, a few
     entries with a mean near zero can own the maximum and push every other entry towards 0, so the high share can
-    be small; it is logged every round. "rank" -- the entry's quantile rank within the layer (fraction of entries
-    with a lower cv), robust to that tail: the high share is then about ``1 - cv_t``.
+    be small; it is logged every round. "rank" -- the entry's rank within the layer divided by ``M - 1`` (its
+    quantile), robust to that tail: the high share is then about ``1 - cv_t``.
     A layer whose cv is constant (e.g. a single entry, or identical uploads) has no high-dispersion entry.
     """
     if norm not in CV_NORMS:
@@ -97,9 +98,10 @@ def high_dispersion_mask(cv: torch.Tensor, cv_t: float, norm: str = "minmax") ->
         return torch.zeros_like(cv, dtype=torch.bool)
     if norm == "minmax":
         return (cv - lo) / span > cv_t                         # Eq. 5; r^l (Eq. 6) is its negation
-    ranks = torch.empty_like(cv)
-    ranks[torch.argsort(cv)] = torch.arange(cv.numel(), device=cv.device, dtype=cv.dtype)
-    return ranks / (cv.numel() - 1) > cv_t
+    # rank(i) / (M - 1) > cv_t  <=>  cv_i exceeds the value of rank floor(cv_t * (M - 1)): a selection (O(M)), not a
+    # sort; entries tied with that value are all low-dispersion (no arbitrary tie order)
+    k = int(cv_t * (cv.numel() - 1))
+    return cv > torch.kthvalue(cv, k + 1).values
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -120,31 +122,36 @@ def micro_classes(sq_dev: torch.Tensor, num_categories: int, norm: str = "minmax
     """
     if norm not in MIC_NORMS:
         raise ValueError(f"mic_norm must be one of {MIC_NORMS}, got {norm!r}")
-    if norm == "minmax":
-        lo, hi = torch.aminmax(sq_dev, dim=0)
-        span = hi - lo
-        scaled = (sq_dev - lo) / span.clamp_min(torch.finfo(sq_dev.dtype).tiny)
-    elif norm == "max":
-        scaled = sq_dev / sq_dev.max(dim=0).values.clamp_min(torch.finfo(sq_dev.dtype).tiny)
-    else:
-        scaled = sq_dev
+    tiny = torch.finfo(sq_dev.dtype).tiny
+    scaled = sq_dev.clone()
+    if norm in ("minmax", "max"):
+        # per-entry extremes across the K clients, row by row (much faster on CPU than a reduction over dim 0)
+        lo, hi = scaled[0].clone(), scaled[0].clone()
+        for row in scaled[1:]:
+            torch.minimum(lo, row, out=lo)
+            torch.maximum(hi, row, out=hi)
+        if norm == "minmax":
+            scaled.sub_(lo).div_((hi - lo).clamp_min_(tiny))
+        else:
+            scaled.div_(hi.clamp_min_(tiny))
     # Eq. 8: category c where (c-1)/C < s' <= c/C, i.e. c = ceil(C * s'), clamped into 1..C
-    cat = torch.ceil(scaled * num_categories).clamp_(1, num_categories)
-    return cat.to(torch.uint8)
+    return scaled.mul_(num_categories).ceil_().clamp_(1, num_categories).to(torch.uint8)
 
 
 def mic_agreement(mic: torch.Tensor, num_categories: int) -> torch.Tensor:
     """``A[a, b]`` = number of entries where clients a and b share a MIC category (float64, ``(K, K)``).
 
-    Vectorised as ``sum_c 1[mic = c] 1[mic = c]^T`` (one-hot matmul), chunked over entries to bound memory.
+    Vectorised as ``sum_c 1[mic = c] 1[mic = c]^T`` (indicator matmuls), in cache-sized chunks of entries.
     """
     k, m = mic.shape
     agree = torch.zeros(k, k, dtype=torch.float64, device=mic.device)
-    cats = torch.arange(1, num_categories + 1, device=mic.device, dtype=mic.dtype)
     for start in range(0, m, _CHUNK):
         block = mic[:, start:start + _CHUNK]
-        onehot = (block.unsqueeze(-1) == cats).to(torch.float32).reshape(k, -1)  # K x (M_chunk * C)
-        agree += (onehot @ onehot.T).double()  # exact: counts stay far below float32's 2^24 per chunk
+        part = torch.zeros(k, k, dtype=torch.float32, device=mic.device)
+        for c in range(1, num_categories + 1):
+            onehot = (block == c).to(torch.float32)                   # K x chunk indicator of category c
+            part.addmm_(onehot, onehot.T)
+        agree += part.double()  # exact: a chunk's counts stay below float32's 2^24
     return agree
 
 
@@ -258,14 +265,22 @@ def membership_matrix(clusters: Sequence[Sequence[int]], num_clients: int, clien
 
 
 def macro_categories(mic: torch.Tensor, clusters: Sequence[Sequence[int]], num_categories: int) -> torch.Tensor:
-    """Eq. 11: ``MAC^s`` = most frequent MIC category among cluster s's members, per entry (``(S, M')`` long).
+    """Eq. 11: ``MAC^s`` = most frequent MIC category among cluster s's members, per entry (``(S, M')`` uint8).
 
-    Ties go to the lowest category (argmax returns the first maximum).
+    Ties go to the lowest category. Counted per cluster and category with vectorised compare-and-sum.
     """
-    member = membership_matrix(clusters, mic.shape[0], None, mic.device, torch.float32)
-    member = (member > 0).to(torch.float32)
-    counts = torch.stack([member @ (mic == c).to(torch.float32) for c in range(1, num_categories + 1)], dim=-1)
-    return counts.argmax(dim=-1) + 1  # (S, M')
+    out = torch.empty(len(clusters), mic.shape[1], dtype=torch.uint8, device=mic.device)
+    for si, members in enumerate(clusters):
+        sub = mic.index_select(0, torch.as_tensor(list(members), device=mic.device))
+        count_dtype = torch.int16 if len(members) < 32767 else torch.int32
+        best_count = (sub == 1).sum(dim=0, dtype=count_dtype)
+        best = torch.ones(mic.shape[1], dtype=torch.uint8, device=mic.device)
+        for c in range(2, num_categories + 1):
+            count = (sub == c).sum(dim=0, dtype=count_dtype)
+            best.masked_fill_(count > best_count, c)  # strict: ties keep the lower category
+            torch.maximum(best_count, count, out=best_count)
+        out[si] = best
+    return out
 
 
 def cluster_weights(mac: torch.Tensor, num_categories: int, norm: str = "normalized") -> torch.Tensor:
@@ -279,9 +294,9 @@ def cluster_weights(mac: torch.Tensor, num_categories: int, norm: str = "normali
     if norm not in ALPHA_NORMS:
         raise ValueError(f"alpha_norm must be one of {ALPHA_NORMS}, got {norm!r}")
     num_clusters = mac.shape[0]
-    onehot = mac.unsqueeze(-1) == torch.arange(1, num_categories + 1, device=mac.device)  # S x M' x C
-    per_category = onehot.sum(dim=0)                                 # M' x C: clusters per category
-    shared = torch.gather(per_category, 1, (mac - 1).T).T.to(torch.float32)  # n_s per entry, S x M'
+    shared = torch.zeros(mac.shape, dtype=torch.float32, device=mac.device)
+    for other in mac:  # n_s = number of clusters whose category equals cluster s's, per entry
+        shared.add_(mac == other)
     if norm == "normalized":
         return shared / shared.sum(dim=0, keepdim=True)
     return shared / float(num_clusters * num_categories)
@@ -356,7 +371,9 @@ def fedsa_aggregate(layers: Iterable[Tuple[str, ClientTensors]], cv_t: float, si
         high_share[name] = n_high / max(1, mask.numel())
         if n_high == 0:
             continue
-        w_high = torch.stack([x.index_select(0, index) for x in xs])           # K x M' (r^h columns)
+        w_high = torch.empty(len(xs), n_high, dtype=mu.dtype, device=mu.device)  # K x M' (r^h columns)
+        for row, x in zip(w_high, xs):
+            torch.index_select(x, 0, index, out=row)
         mic = micro_classes(squared_deviation(w_high, mu.index_select(0, index)), num_categories,
                             mic_norm)                                           # Eq. 3, 8-9
         part = mic_agreement(mic, num_categories)

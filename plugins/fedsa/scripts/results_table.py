@@ -24,12 +24,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-# (row label, algorithm, extra config) -- the FedSA + FedProx row shows the aggregator combining with another
-# trainer through configuration alone.
+# (row label, algorithm, extra config). "client_weighting=samples" separates FedSA's skew handling from its uniform
+# (paper) mean, which differs from FedAvg's sample-weighted mean on unbalanced partitions; the FedSA + FedProx row
+# shows the aggregator combining with another trainer through configuration alone.
 ROWS: List[Tuple[str, str, Dict[str, Any]]] = [
     ("FedAvg", "fedavg", {}),
     ("FedProx (mu 0.01)", "fedprox", {}),
     ("FedSA (defaults)", "fedsa", {}),
+    ("FedSA, client_weighting=samples", "fedsa", {"aggregator": {"client_weighting": "samples"}}),
     ("FedSA, cv_norm=rank", "fedsa", {"aggregator": {"cv_norm": "rank"}}),
     ("FedSA aggregator + FedProx clients", "fedsa", {"trainer": {"name": "fedprox"}}),
 ]
