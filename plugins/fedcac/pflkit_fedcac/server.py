@@ -18,7 +18,7 @@ from .client import PROTOCOL
 from .equations import (OVERLAPS, customized_models, global_model, masked_init, overlap_matrix, threshold,
                         time_varying_collaborators, top_k_collaborators)
 
-COLLABORATIONS = ("time_varying", "top_k", "none")
+COLLABORATIONS = ("time_varying", "top_k", "local")
 NON_CRITICAL = ("all", "as_critical")
 WEIGHTINGS = ("uniform", "samples")
 
@@ -42,7 +42,8 @@ class FedCACAggregator(ServerAggregator):
                          "code, default); distance = the paper's printed |Mi-Mj|_1/(2n), used as 1 - distance",
                          choices=OVERLAPS),
         "collaboration": Param("time_varying", "collaborators on critical parameters (Figure 4): time_varying = "
-                               "Eq. 7-8 (the method), top_k = the top_k most-overlapping clients, none = local",
+                               "Eq. 7-8 (the method), top_k = the top_k most-overlapping clients, local = none "
+                               "(critical parameters stay local)",
                                choices=COLLABORATIONS),
         "top_k": Param(5, "collaborators per client when collaboration=top_k (Figure 4: 1 or 5)", check=positive),
         "non_critical": Param("all", "non-critical parameters (Table 3): all = shared with every participant "
@@ -106,7 +107,7 @@ class FedCACAggregator(ServerAggregator):
             return time_varying_collaborators(overlap, rnd, self.ctx.hp.beta)  # Eq. (7)-(8)
         if mode == "top_k":
             return top_k_collaborators(overlap, self.ctx.hp.top_k)
-        return torch.zeros_like(overlap, dtype=torch.bool)
+        return torch.zeros_like(overlap, dtype=torch.bool)  # 'local': u_i = w_i
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _mask(self, reply: Dict[str, Any], cid: int, key: str) -> torch.Tensor:

@@ -88,7 +88,7 @@ def _server_for_w(**hp) -> FedCACAggregator:
 
 def test_per_client_downloads_differ_when_masks_differ():
     values = [[1.0, 2.0, 3.0, 4.0], [3.0, 4.0, 5.0, 6.0], [5.0, 9.0, 1.0, 2.0]]
-    server = _server_for_w(collaboration="none")
+    server = _server_for_w(collaboration="local")
     w_bar = torch.tensor(values).mean(0)
     # same masks -> same non-critical entries; the critical ones are each client's own (no collaboration)
     masks = [[True, True, False, False], [False, False, True, True], [True, False, True, False]]
@@ -108,7 +108,7 @@ def test_ablation_options_change_the_download():
     values = [[1.0, 2.0, 3.0, 4.0], [3.0, 4.0, 5.0, 6.0], [5.0, 9.0, 1.0, 2.0]]
     masks = [[True, True, False, False], [True, True, False, False], [False, False, True, True]]
     # as_critical + no collaboration: every parameter stays the client's own
-    local = _server_for_w(collaboration="none", non_critical="as_critical").aggregate_fit(1, _replies(values, masks))
+    local = _server_for_w(collaboration="local", non_critical="as_critical").aggregate_fit(1, _replies(values, masks))
     for c in range(3):
         assert torch.equal(local[c].payload["params"]["w"], torch.tensor(values[c]))
     # top_k = 1: clients 0 and 1 have identical masks, so they help each other on their critical entries
@@ -117,7 +117,7 @@ def test_ablation_options_change_the_download():
     # samples weighting changes w_bar when sample counts differ
     rep = _replies(values, masks)
     rep[2]["num_samples"] = 30
-    weighted = _server_for_w(global_weighting="samples", collaboration="none").aggregate_fit(1, rep)
+    weighted = _server_for_w(global_weighting="samples", collaboration="local").aggregate_fit(1, rep)
     assert torch.allclose(weighted[0].payload["params"]["w"][2:], torch.tensor([(3 + 5 + 3) / 5, (4 + 6 + 6) / 5]))
 
 
@@ -136,7 +136,7 @@ def test_partial_participation_uses_only_repliers():
     masks = [[True, False, False, False], [True, False, False, False], [False, False, False, True]]
     replies = _replies(values, masks)
     del replies[1]  # client 1 was not selected or dropped out
-    server = _server_for_w(collaboration="none")
+    server = _server_for_w(collaboration="local")
     push = server.aggregate_fit(4, replies)
     assert sorted(push) == [0, 2] and server.last_round["clients"] == [0, 2]
     w_bar = (torch.tensor(values[0]) + torch.tensor(values[2])) / 2
@@ -195,3 +195,12 @@ def test_end_to_end_on_digits(tmp_path):
     per_client = 4 * n + n / 8
     assert summary["bytes_up_total"] == pytest.approx(2 * 4 * per_client, rel=0.01)
     assert summary["bytes_down_total"] == pytest.approx(2 * 4 * 4 * n, rel=0.01)
+
+
+def test_every_option_value_can_be_set_from_the_command_line():
+    # --set values are parsed (e.g. 'none' becomes null), so every choice must survive the round trip
+    for section, cls in (("trainer", FedCACTrainer), ("aggregator", FedCACAggregator)):
+        for key, param in cls.params.items():
+            for value in param.choices or ():
+                cfg = tiny_config("fedcac", sets=(f"{section}.{key}={value}",))
+                assert cfg[section][key] == value
