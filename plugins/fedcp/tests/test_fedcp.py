@@ -247,7 +247,8 @@ def test_end_to_end_seeded_and_resumable(tmp_path):
 
 @pytest.mark.parametrize("sets", [
     ("trainer.use_cpn=false", "trainer.use_gfm=false", "trainer.use_global_head=false"),
-    ("trainer.use_client_vector=false", "trainer.use_sample_vector=false", "trainer.cpn_norm=batchnorm"),
+    ("trainer.use_client_vector=false", "trainer.use_sample_vector=false", "trainer.cpn_norm=batchnorm",
+     "participation.random_join_ratio=[0.25,1]"),
     ("aggregator.sync=reference", "trainer.policy=gumbel", "trainer.client_vector_init=random",
      "participation.join_ratio=0.5"),
 ])
