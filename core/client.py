@@ -71,13 +71,16 @@ class ClientTrainer:
         pass
 
     # helpers for subclasses -------------------------------------------------------------------------------
-    def batches(self, epochs: Optional[int] = None, batch_size: Optional[int] = None):
+    def batches(self, epochs: Optional[int] = None, batch_size: Optional[int] = None, drop_last: bool = False):
+        """This round's mini-batches of the client's training split (``train.batch_size``/``local_epochs``)."""
         cfg = self.ctx.train_cfg
         return minibatches(self.ctx.train, batch_size or cfg.batch_size, epochs or cfg.local_epochs,
-                           generator=self.ctx.generator)
+                           generator=self.ctx.generator, drop_last=drop_last)
 
-    def evaluate_model(self, forward) -> Dict[str, Any]:
-        return evaluate(forward, self.ctx.test, self.ctx.task, self.ctx.train_cfg.eval_batch_size).as_dict()
+    def evaluate_model(self, forward, modules=()) -> Dict[str, Any]:
+        """Score ``forward`` on the client's test split (``modules`` are switched to eval mode meanwhile)."""
+        return evaluate(forward, self.ctx.test, self.ctx.task, self.ctx.train_cfg.eval_batch_size,
+                        modules).as_dict()
 
 
 BN_PARAM = Param("shared", "batch-norm running statistics: shared with the server or kept local",

@@ -102,9 +102,12 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(forward: Callable[[torch.Tensor], torch.Tensor] | nn.Module, data: TensorData, task: Task,
-             batch_size: int = 1024) -> EvalResult:
-    """Score ``forward`` on ``data`` with the task's loss and metric."""
-    modules = [forward] if isinstance(forward, nn.Module) else []
+             batch_size: int = 1024, modules: Iterable[nn.Module] = ()) -> EvalResult:
+    """Score ``forward`` on ``data`` with the task's loss and metric.
+
+    ``forward`` (when a module) and ``modules`` are put in eval mode for the call and restored afterwards.
+    """
+    modules = ([forward] if isinstance(forward, nn.Module) else []) + list(modules)
     was_training = [m.training for m in modules]
     for m in modules:
         m.eval()

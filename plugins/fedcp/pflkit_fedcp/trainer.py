@@ -1,8 +1,7 @@
 """FedCP client (paper Sec. 3.2 and Algorithm 1, lines 7-16)."""
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -12,7 +11,7 @@ from pflkit.core.errors import ConfigError
 from pflkit.core.params import Param, non_negative, positive
 from pflkit.core.seeding import derive_seed
 from pflkit.core.state import State, load_into
-from pflkit.core.training import make_optimizer, minibatches, run_sgd
+from pflkit.core.training import make_optimizer, run_sgd
 
 from .modules import (ACTIVATIONS, CPN_PREFIX, NORMS, POLICIES, build_cpn, check_options, client_vector,
                       cpn_input, mmd_rbf, shared_model_keys)
@@ -115,8 +114,8 @@ class FedCPTrainer(ClientTrainer):
         """Score the personalized model W_i = {W_i^fe, W^hd, W_i^hd, Theta_i} with the latest v_i (Sec. 3.2.1)."""
         if self.v is None:
             self.v = self.make_client_vector()
-        with self._eval_mode():
-            return self.evaluate_model(lambda x: self.forward(x, training=False)[0])
+        return self.evaluate_model(lambda x: self.forward(x, training=False)[0],
+                                   modules=(self.model, self.cpn, self.global_model))
 
     # the model ------------------------------------------------------------------------------------------------
     def receive(self, params: State) -> None:
@@ -183,11 +182,9 @@ class FedCPTrainer(ClientTrainer):
         self.global_model.train()  # as the authors' code: frozen, but its BN layers use batch statistics
         params: List[nn.Parameter] = list(self.model.parameters()) + list(self.cpn.parameters())
         opt = make_optimizer(params, self.ctx.train_cfg)
-        cfg = self.ctx.train_cfg
         # BatchNorm in the CPN cannot normalise a batch of one; drop a trailing singleton batch in that case
         drop_last = self.ctx.hp.cpn_norm == "batchnorm" and self.ctx.hp.use_cpn
-        batches = minibatches(self.ctx.train, cfg.batch_size, cfg.local_epochs, generator=self.ctx.generator,
-                              drop_last=drop_last)
+        batches = self.batches(drop_last=drop_last)
         self._share_sum, self._share_count = None, 0
         loss = run_sgd(batches, self.loss, opt)
         share = None
@@ -208,18 +205,6 @@ class FedCPTrainer(ClientTrainer):
         if self.ctx.hp.use_cpn:
             out.update({CPN_PREFIX + k: v.detach().clone() for k, v in self.cpn.state_dict().items()})
         return out
-
-    @contextmanager
-    def _eval_mode(self) -> Iterator[None]:
-        modules = (self.model, self.cpn, self.global_model)
-        was = [m.training for m in modules]
-        for m in modules:
-            m.eval()
-        try:
-            yield
-        finally:
-            for m, t in zip(modules, was):
-                m.train(t)
 
     # checkpoints ----------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
