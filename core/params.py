@@ -31,8 +31,12 @@ class Param:
 
     def validate(self, key: str, value: Any) -> Any:
         """Coerce ``value`` to this parameter's type or raise a ConfigError naming ``key`` and the reason."""
+        nullable = self.nullable or self.default is None
+        if isinstance(value, str) and value.lower() == "none" and nullable and \
+                not (self.choices and value in self.choices):
+            value = None  # "--set key=none" on a nullable key means null; elsewhere "none" is just a string
         if value is None:
-            if self.nullable or self.default is None:
+            if nullable:
                 return None
             raise ConfigError(f"{key}: must not be null")
         expected = self.value_type()
@@ -83,13 +87,15 @@ def ratio_range(v: Sequence[float]) -> Optional[str]:
 
 
 def parse_value(text: str) -> Any:
-    """Parse a ``--set`` value: JSON literals (numbers, true/false/null, lists, objects), else the raw string."""
+    """Parse a ``--set`` value: JSON literals (numbers, true/false/null, lists, objects), else the raw string.
+
+    ``none`` stays a string here (it can be a legitimate option value, e.g. ``aggregator.name=none``);
+    ``Param.validate`` reads it as null for keys that accept null.
+    """
     try:
         return json.loads(text)
     except (json.JSONDecodeError, ValueError):
         low = text.strip().lower()
-        if low in ("none", "null"):
-            return None
         if low in ("true", "false"):
             return low == "true"
         return text

@@ -72,7 +72,10 @@ def test_algorithm_defaults_for_a_replaced_component_are_dropped(registries_snap
 
 def test_parse_value_and_files(tmp_path):
     assert parse_value("0.5") == 0.5 and parse_value("[0.1, 1]") == [0.1, 1]
-    assert parse_value("true") is True and parse_value("none") is None and parse_value("abc") == "abc"
+    assert parse_value("true") is True and parse_value("null") is None and parse_value("abc") == "abc"
+    # "none" is a value where a key does not accept null, and null where it does
+    assert resolve([parse_sets(["aggregator.name=none", "trainer.name=local"])], algorithm="fedavg").aggregator.name == "none"
+    assert resolve([parse_sets(["run_name=none"])], algorithm="fedavg").run_name is None
     toml = tmp_path / "c.toml"
     toml.write_text('rounds = 4\n[train]\nlr = 0.01\n')
     js = tmp_path / "c.json"
