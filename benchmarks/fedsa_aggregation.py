@@ -15,6 +15,10 @@ measured share is an upper bound; the script also prints the share extrapolated 
 
     python benchmarks/fedsa_aggregation.py                 # defaults: resnet18, 20 clients, 16 samples each
     python benchmarks/fedsa_aggregation.py --samples 128 --device cuda
+    python benchmarks/fedsa_aggregation.py --threads 1     # on a machine shared with other jobs
+
+The default FedSA configuration is timed, plus ``cv_norm=rank`` (about 80% of the entries high-dispersion), the
+expensive end of the range.
 """
 from __future__ import annotations
 

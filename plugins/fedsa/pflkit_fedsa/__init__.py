@@ -65,7 +65,7 @@ class FedSAAggregator(GlobalModelAggregator):
 
     description = "parameter-skew-aware aggregation: CV split, Micro-/Macro-Classes, majority-weighted clusters"
     params = {
-        "cv_t": Param(0.2, "threshold on the min-max normalised coefficient of variation: above = high-dispersion "
+        "cv_t": Param(0.2, "threshold on the normalised (cv_norm) coefficient of variation: above = high-dispersion "
                            "(Eq. 5-6)", check=unit_interval),
         "sim_t": Param(0.2, "similarity a client needs to join a Macro-Class once the cluster limit is reached "
                             "(clustering Step 3)", check=unit_interval),
