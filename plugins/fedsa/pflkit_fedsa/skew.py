@@ -289,7 +289,7 @@ def cluster_weights(mac: torch.Tensor, num_categories: int, norm: str = "normali
     ``n_s = sum_{s'} 1[MAC^{s'} = MAC^s]``. "normalized" (default): ``alpha_s = n_s / sum_{s'} n_{s'}``, which sums
     to one per entry, so the result is a convex combination of cluster means dominated by the majority category.
     "printed": ``alpha_s = n_s / (S x C)`` as Eq. 14 is typeset (does not sum to one in general).
-    Returns ``(S, M')`` weights in the dtype float32.
+    Returns ``(S, M')`` float32 weights.
     """
     if norm not in ALPHA_NORMS:
         raise ValueError(f"alpha_norm must be one of {ALPHA_NORMS}, got {norm!r}")

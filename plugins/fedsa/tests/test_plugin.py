@@ -8,7 +8,7 @@ import torch
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import ConfigError, ServerContext, TRAINERS
+from pflkit.core import MODELS, ConfigError, ServerContext, TRAINERS
 from pflkit.core.config import resolve
 from pflkit.core.state import weighted_average
 from pflkit.core.testing import quick_run, tiny_config
@@ -109,19 +109,13 @@ def test_end_to_end_quick_run(tmp_path):
         assert r["fedsa/macro_classes"] + r["fedsa/unclustered"] >= 1
 
 
-def _other_trainer_overrides():
-    """FedProx's trainer when installed; otherwise FedAvg's trainer with local BN statistics and a BN-free CNN."""
-    if "fedprox" in TRAINERS.names():
-        return {"trainer": {"name": "fedprox"}}
-    return {"trainer": {"name": "fedavg", "bn_stats": "local"},
-            "model": {"name": "cnn4", "channels": [4, 8], "hidden": 16}}
-
-
-def test_other_trainer_by_configuration(tmp_path):
-    overrides = _other_trainer_overrides()
+def test_other_trainer_configuration_bn_stats_local(tmp_path):
+    """FedAvg's trainer keeping BN statistics local: the uploads lack the BN buffers, FedSA combines the rest."""
+    model = {"name": "resnet8", "width": 4} if "resnet8" in MODELS.names() else {"name": "mlp", "hidden": [16]}
+    overrides = {"trainer": {"name": "fedavg", "bn_stats": "local"}, "model": model}
     summary = quick_run("fedsa", tmp_path, overrides=overrides)
-    assert summary["trainer"] == overrides["trainer"]["name"] and summary["aggregator"] == "fedsa"
-    assert summary["rounds_completed"] == 2
+    assert summary["trainer"] == "fedavg" and summary["aggregator"] == "fedsa"
+    assert summary["rounds_completed"] == 2 and 0.0 <= summary["final"]["uniform"] <= 1.0
 
 
 def test_fedprox_trainer_by_configuration(tmp_path):
@@ -129,3 +123,4 @@ def test_fedprox_trainer_by_configuration(tmp_path):
         pytest.skip("pflkit-fedprox is not installed")
     summary = quick_run("fedsa", tmp_path, sets=("trainer.name=fedprox",))
     assert summary["trainer"] == "fedprox" and summary["aggregator"] == "fedsa"
+    assert summary["rounds_completed"] == 2 and 0.0 <= summary["final"]["uniform"] <= 1.0
