@@ -108,7 +108,7 @@ def main() -> None:
     lines = [f"Global-model accuracy (%), uniform mean over the 20 clients' test splits, mean of the last 10 of "
              f"{args.rounds} rounds; mean +- std over seeds {args.seeds}. digits (8x8), model {args.model}, "
              f"join ratio 1, 1 local epoch, SGD lr 0.05, batch 32.", "",
-             "| method | " + " | ".join(PARTITIONS) + " | FedSA: high-dispersion share / Macro-Classes / unclustered |",
+             "| method | " + " | ".join(PARTITIONS) + " | FedSA: high-dispersion share / Macro-Classes / unclustered (per partition) |",
              "|---|" + "---|" * len(PARTITIONS) + "---|"]
     for label, _, _ in available:
         cells = []
