@@ -43,20 +43,25 @@ def module_keys(model: nn.Module, prefix: str) -> List[str]:
 
 
 def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> State:
-    """Per-key weighted mean; integer tensors (e.g. BN batch counters) take the first client's value."""
+    """Per-key weighted mean; integer tensors (e.g. BN batch counters) take the first client's value.
+
+    Accumulates client by client with fused multi-tensor ops (no K-fold stacked copy of the model).
+    """
     if not states:
         raise ValueError("weighted_average of no states")
-    w = torch.as_tensor(list(weights), dtype=torch.float64)
-    w = w / w.sum()
-    out: State = {}
-    for key in states[0]:
-        ref = states[0][key]
-        if not ref.is_floating_point():
-            out[key] = ref.clone()
-            continue
-        stacked = torch.stack([s[key].to(ref.dtype) for s in states])
-        out[key] = torch.tensordot(w.to(device=ref.device, dtype=ref.dtype), stacked, dims=1)
-    return out
+    total = float(sum(weights))
+    w = [float(x) / total for x in weights]
+    keys = list(states[0])
+    float_keys = [k for k in keys if states[0][k].is_floating_point()]
+    acc = torch._foreach_mul([states[0][k] for k in float_keys], w[0]) if float_keys else []
+    for state, wi in zip(states[1:], w[1:]):
+        if float_keys:
+            torch._foreach_add_(acc, [state[k] for k in float_keys], alpha=wi)
+    out: State = dict(zip(float_keys, acc))
+    for k in keys:
+        if k not in out:
+            out[k] = states[0][k].clone()
+    return {k: out[k] for k in keys}
 
 
 def load_into(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
