@@ -71,6 +71,8 @@ COMPONENT_SECTIONS: Dict[str, Tuple[reg.Registry, ParamSpec]] = {
     "partition": (reg.PARTITIONERS, {
         "name": Param("dirichlet", "partitioner name (fl list partitioners)"),
         "num_clients": Param(20, "number of clients", check=positive),
+        "seed": Param(None, "seed of the partition and per-client split (default: the run seed); fix it to "
+                            "compare run seeds on one partition", type=int),
     }),
     "model": (reg.MODELS, {
         "name": Param("cnn4", "model name (fl list models)"),

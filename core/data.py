@@ -150,6 +150,12 @@ def _stratified_take(indices: np.ndarray, labels: np.ndarray, total: int, rng: n
     return np.concatenate(parts)
 
 
+def partition_seed(cfg: EasyDict) -> int:
+    """The seed of the partition and split: ``partition.seed`` when set, else the run seed."""
+    seed = cfg.partition.get("seed")
+    return cfg.seed if seed is None else seed
+
+
 def load_dataset(cfg: EasyDict) -> DatasetBundle:
     loader = reg.DATASETS.get(cfg.dataset.name)
     args = {k: v for k, v in cfg.dataset.items() if k != "name"}
@@ -161,8 +167,8 @@ def load_dataset(cfg: EasyDict) -> DatasetBundle:
 
 def partition_indices(cfg: EasyDict, bundle: DatasetBundle) -> List[np.ndarray]:
     partitioner = reg.PARTITIONERS.get(cfg.partition.name)
-    args = {k: v for k, v in cfg.partition.items() if k not in ("name", "num_clients")}
-    rng = np.random.default_rng(derive_seed(cfg.seed, "partition"))
+    args = {k: v for k, v in cfg.partition.items() if k not in ("name", "num_clients", "seed")}
+    rng = np.random.default_rng(derive_seed(partition_seed(cfg), "partition"))
     parts = partitioner(labels=bundle.labels_for_partition(), num_clients=cfg.partition.num_clients, rng=rng,
                         groups=None if bundle.groups is None else bundle.groups.cpu().numpy(), **args)
     if len(parts) != cfg.partition.num_clients:
@@ -178,7 +184,7 @@ def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
     if splits is None:
         parts = partition_indices(cfg, bundle)
         labels = bundle.labels_for_partition()
-        rng = np.random.default_rng(derive_seed(cfg.seed, "split"))
+        rng = np.random.default_rng(derive_seed(partition_seed(cfg), "split"))
         splits = []
         for cid, idx in enumerate(parts):
             if len(idx) < 2:

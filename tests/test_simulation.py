@@ -32,6 +32,16 @@ def test_same_seed_same_partition_and_numbers(tmp_path):
     assert a["final"] == b["final"] and a["final"] != c["final"]
 
 
+def test_partition_seed_fixes_the_partition_across_run_seeds(tmp_path):
+    fixed = {"partition": {"seed": 5}}
+    quick_run("fedavg", tmp_path / "a", {"seed": 1, **fixed})
+    quick_run("fedavg", tmp_path / "b", {"seed": 2, **fixed})
+    quick_run("fedavg", tmp_path / "c", {"seed": 5})
+    part = lambda d: (tmp_path / d / "run/partition.json").read_text()
+    assert part("a") == part("b") == part("c")
+    assert read_jsonl(tmp_path / "a/run")[-1]["train_loss"] != read_jsonl(tmp_path / "b/run")[-1]["train_loss"]
+
+
 def test_random_join_ratio_varies_participation(tmp_path):
     quick_run("fedavg", tmp_path, {"rounds": 6, "partition": {"num_clients": 10},
                                    "participation": {"random_join_ratio": [0.1, 1.0]}})
