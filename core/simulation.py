@@ -286,7 +286,7 @@ class Simulation:
         if self.progress:
             from tqdm import tqdm
             bar = tqdm(total=cfg.rounds, initial=self.completed_round, desc=f"{cfg.algorithm}", unit="round",
-                       dynamic_ncols=True)
+                       dynamic_ncols=True, disable=None)  # None: no bar when stderr is not a terminal
         interrupted = False
         try:
             with _GracefulInterrupt() as stop:
