@@ -9,6 +9,12 @@ same user layers (file and ``--set`` overrides; ``seed`` is then set per run), e
 - ``curves.png``: the uniform and sample-weighted test metric per evaluated round, one curve per algorithm
   (mean over seeds, shaded band = std over seeds).
 
+An entry may be a labelled *variant*: ``"fedcac+aggregator.collaboration=local"`` runs fedcac with that setting
+on top of the shared layers (``NAME+key=value[+key=value...]``); its row is labelled with the whole spec and its run
+directories use a filesystem-safe form of it. ``jobs=N`` runs N runs at a time in worker processes with one torch
+thread each; every run is seeded, so the numbers do not depend on ``jobs``. To keep one partition across run seeds,
+set ``partition.seed``.
+
 Std over seeds is the population std (numpy's default, ddof=0), as PFLlib reports it. A run directory that already
 holds a finished run with the identical configuration is reused instead of rerun, and an interrupted one (Ctrl-C
 leaves a checkpoint) is resumed, so an interrupted or extended comparison picks up where it stopped; a run
@@ -16,16 +22,20 @@ directory of a different configuration is an error.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
+import re
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .checkpoint import CHECKPOINT_NAME
-from .config import resolve, to_plain
+from .config import parse_sets, resolve, to_plain
 from .errors import CheckpointError, ConfigError
 
 log = logging.getLogger("pflkit")
@@ -40,19 +50,22 @@ def _mean_std(values: Sequence[float]) -> Dict[str, float]:
     return {"mean": float(arr.mean()), "std": float(arr.std()), "n": int(arr.size)}
 
 
-def _read_curve(run_dir: Path, metric: str) -> Dict[str, List[float]]:
-    """Evaluated rounds and their uniform / weighted metric from a run's ``metrics.jsonl``."""
+def _read_curve(run_dir: Path, metric: str) -> Tuple[Dict[str, List[float]], float]:
+    """Evaluated rounds and their uniform / weighted metric from a run's ``metrics.jsonl``, and the seconds the
+    run spent in its rounds (training + evaluation, as logged per round)."""
     rounds, uniform, weighted = [], [], []
+    seconds = 0.0
     path = run_dir / "metrics.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
         if not line.strip():
             continue
         row = json.loads(line)
+        seconds += float(row.get("round_seconds", 0.0)) + float(row.get("eval_seconds", 0.0))
         if f"{metric}/uniform" in row:
             rounds.append(int(row["round"]))
             uniform.append(float(row[f"{metric}/uniform"]))
             weighted.append(float(row.get(f"{metric}/weighted", math.nan)))
-    return {"rounds": rounds, "uniform": uniform, "weighted": weighted}
+    return {"rounds": rounds, "uniform": uniform, "weighted": weighted}, seconds
 
 
 def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Optional[str]:
@@ -79,86 +92,223 @@ def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Optional[str]:
                           f"the same configuration; remove it or choose another --out folder")
 
 
-def _plan(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequence[Mapping[str, Any]],
+@dataclass(frozen=True)
+class Entry:
+    """One row of the comparison: an algorithm, optionally with variant settings (``fedcp+trainer.lambda_mmd=1``)."""
+
+    label: str                     # the spec as given: the row's name
+    algorithm: str                 # the registered algorithm
+    sets: Tuple[str, ...]          # the variant's ``key=value`` settings, in order
+    dir_name: str                  # filesystem-safe form of the label: runs/<dir_name>-seed<k>
+
+
+def parse_entry(spec: str) -> Entry:
+    """``"fedcac+aggregator.collaboration=local+aggregator.tau=0.3"`` -> Entry; a bare name is the algorithm.
+
+    A ``+`` inside a value (``train.lr=1e+3``) stays part of the value: a piece without ``=`` continues the
+    previous setting. Raises ConfigError for a spec that is not ``NAME[+key=value...]``.
+    """
+    text = str(spec).strip()
+    name, *pieces = text.split("+")
+    name = name.strip()
+    if not name or "=" in name or "." in name or ":" in name:
+        raise ConfigError(f"compare: {spec!r} is not ALGORITHM or ALGORITHM+key=value[+key=value...] "
+                          f"(e.g. fedprox+trainer.mu=0.1)")
+    sets: List[str] = []
+    for piece in pieces:
+        if "=" in piece or not sets:
+            if "=" not in piece or not piece.partition("=")[0].strip():
+                raise ConfigError(f"compare: variant {spec!r}: {piece.strip()!r} is not key=value "
+                                  f"(variants are ALGORITHM+key=value[+key=value...])")
+            sets.append(piece.strip())
+        else:  # '+' inside a value, e.g. 1e+3
+            sets[-1] += "+" + piece
+    return Entry(label="+".join([name, *sets]), algorithm=name, sets=tuple(sets), dir_name=_safe_name(text))
+
+
+def _safe_name(label: str) -> str:
+    """A directory name for a label: letters, digits and ``._=+-`` kept, runs of anything else -> ``_``; a long
+    label is shortened and made unique with a hash of the full label."""
+    safe = re.sub(r"[^A-Za-z0-9._=+-]+", "_", label).strip("._") or "run"
+    if len(safe) > 100:
+        safe = f"{safe[:80]}-{hashlib.sha1(label.encode()).hexdigest()[:10]}"
+    return safe
+
+
+def _plan(specs: Sequence[str], seeds: Sequence[int], layers: Sequence[Mapping[str, Any]],
           algorithm_layers: Mapping[str, Sequence[Mapping[str, Any]]]):
-    if not algorithms:
+    if not specs:
         raise ConfigError("compare: name at least one algorithm (--plugins fedavg,fedprox)")
-    if len(set(algorithms)) != len(algorithms):
-        raise ConfigError(f"compare: an algorithm is listed twice in {', '.join(algorithms)}")
+    entries = [parse_entry(s) for s in specs]
+    labels = [e.label for e in entries]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"compare: an algorithm is listed twice in {', '.join(labels)}")
+    dirs: Dict[str, str] = {}
+    for e in entries:
+        if e.dir_name in dirs:
+            raise ConfigError(f"compare: '{e.label}' and '{dirs[e.dir_name]}' would share the run directory "
+                              f"runs/{e.dir_name}-seed<k>; write one of them differently")
+        dirs[e.dir_name] = e.label
     if not seeds:
         raise ConfigError("compare: give at least one seed (--seeds 0,1,2)")
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"compare: a seed is listed twice in {', '.join(map(str, seeds))}")
-    stray = sorted(set(algorithm_layers) - set(algorithms))
+    names = {e.algorithm for e in entries}
+    stray = sorted(set(algorithm_layers) - names)
     if stray:
         raise ConfigError(f"compare: settings given for '{stray[0]}', which is not among the compared "
-                          f"algorithms ({', '.join(algorithms)})")
+                          f"algorithms ({', '.join(sorted(names))})")
     # resolve everything before running anything: a typo must not surface after an hour of training
-    plan = {}
-    for algo in algorithms:
+    plan: Dict[Tuple[Entry, int], Any] = {}
+    for entry in entries:
+        algo = entry.algorithm
+        try:
+            variant = [parse_sets(entry.sets)] if entry.sets else []
+        except ConfigError as exc:
+            raise ConfigError(f"{entry.label}: {exc}") from None
         for seed in seeds:
             try:
-                plan[algo, seed] = resolve([*layers, *algorithm_layers.get(algo, ()), {"seed": int(seed)}],
-                                           algorithm=algo)
+                # shared layers < ALGO:key=value (every variant of ALGO) < the variant's own settings < run seed
+                plan[entry, seed] = resolve([*layers, *algorithm_layers.get(algo, ()), *variant,
+                                             {"seed": int(seed)}], algorithm=algo)
             except ConfigError as exc:  # name the algorithm: a key may exist for one trainer and not another
-                raise ConfigError(f"{algo}: {exc} (a key for one algorithm only: --set {algo}:KEY=VALUE)") from None
-    return plan
+                raise ConfigError(f"{entry.label}: {exc} (a key for one algorithm only: --set {algo}:KEY=VALUE)"
+                                  ) from None
+    return entries, plan
+
+
+def _init_worker() -> None:
+    """One torch thread per worker process: N parallel runs share the CPU cores instead of oversubscribing them."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _execute(cfg: Any, run_dir: Path, state: Optional[str], progress: bool) -> Dict[str, Any]:
+    """Run (state None) or resume (state 'resume') one run; its summary."""
+    from .simulation import Simulation
+
+    if state == "resume":
+        return Simulation.resume(run_dir, tensorboard=False, progress=progress).run()
+    return Simulation(cfg, run_dir=run_dir, tensorboard=False, progress=progress).run()
+
+
+def _run_parallel(pending: Sequence[Tuple[Entry, int, Any, Path, Optional[str]]], workers: int,
+                  summaries: Dict[Path, Dict[str, Any]]) -> bool:
+    """Run ``pending`` in ``workers`` processes, filling ``summaries``; True when interrupted.
+
+    Ctrl-C reaches the workers too (same process group): each finishes its round, checkpoints and returns an
+    interrupted summary; runs not started yet are cancelled. Rerunning the comparison resumes them.
+    """
+    interrupted = False
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker)
+    futures: Dict[Future, Path] = {}
+    try:
+        for entry, seed, cfg, run_dir, state in pending:
+            log.info("compare: %s %s with seed %d in %s", "resuming" if state else "queueing", entry.label, seed,
+                     run_dir)
+            futures[pool.submit(_execute, cfg, run_dir, state, False)] = run_dir
+        waiting = set(futures)
+        while waiting:
+            try:
+                done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt:
+                log.warning("compare: interrupted; waiting for the running runs to checkpoint")
+                interrupted = True
+                for fut in waiting:
+                    fut.cancel()
+                continue
+            for fut in done:
+                if fut.cancelled():
+                    continue
+                summary = fut.result()  # a worker's PflError or bug propagates unchanged
+                summaries[futures[fut]] = summary
+                if summary.get("interrupted") and not interrupted:
+                    interrupted = True
+                    for other in waiting:
+                        other.cancel()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return interrupted
 
 
 def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequence[Mapping[str, Any]],
                    out_dir: Path, progress: bool = False,
-                   algorithm_layers: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None) -> Dict[str, Any]:
-    """Run every algorithm with every seed on the same configuration layers; write results and plots.
+                   algorithm_layers: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
+                   jobs: int = 1) -> Dict[str, Any]:
+    """Run every algorithm (or variant) with every seed on the same configuration layers; write results and plots.
 
-    ``layers`` (file, ``--set``) apply to every algorithm; ``algorithm_layers[name]`` only to that algorithm
-    (e.g. ``trainer.mu`` for fedprox, a key the other trainers do not have). Returns the content of
-    ``results.json`` plus the written file paths under ``files``.
+    ``algorithms`` are names or variant specs ``NAME+key=value[+key=value...]`` (each its own labelled row).
+    ``layers`` (file, ``--set``) apply to every entry; ``algorithm_layers[name]`` only to the entries of that
+    algorithm, variants included (e.g. ``trainer.mu`` for fedprox, a key the other trainers do not have); a
+    variant's own settings outrank both. ``jobs`` > 1 runs that many runs at a time in worker processes (one torch
+    thread each; no progress bars). Returns the content of ``results.json`` plus the written file paths under
+    ``files``.
     """
-    from .simulation import Simulation
-
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"compare: jobs must be a positive integer, got {jobs!r}")
     out_dir = Path(out_dir)
-    plan = _plan(list(algorithms), [int(s) for s in seeds], list(layers), dict(algorithm_layers or {}))
+    entries, plan = _plan(list(algorithms), [int(s) for s in seeds], list(layers), dict(algorithm_layers or {}))
     runs_root = out_dir / "runs"
     try:
         runs_root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"cannot create {runs_root}: {exc.strerror}") from exc
 
-    per_algo: Dict[str, Dict[str, Any]] = {a: {"runs": []} for a in algorithms}
-    metric, interrupted = None, False
-    for (algo, seed), cfg in plan.items():
-        run_dir = runs_root / f"{algo}-seed{seed}"
-        state = _existing_run(run_dir, cfg)
+    # what each run directory holds, checked for every run before any training starts
+    tasks = []
+    for (entry, seed), cfg in plan.items():
+        run_dir = runs_root / f"{entry.dir_name}-seed{seed}"
+        tasks.append((entry, seed, cfg, run_dir, _existing_run(run_dir, cfg)))
+
+    summaries: Dict[Path, Dict[str, Any]] = {}
+    interrupted = False
+    pending = [t for t in tasks if t[4] != "finished"]
+    for entry, seed, _, run_dir, state in tasks:
         if state == "finished":
             log.info("compare: reusing the finished run in %s", run_dir)
-            summary = json.loads((run_dir / "summary.json").read_text())
-        elif state == "resume":
-            log.info("compare: resuming the interrupted run in %s", run_dir)
-            summary = Simulation.resume(run_dir, tensorboard=False, progress=progress).run()
-        else:
-            log.info("compare: running %s with seed %d in %s", algo, seed, run_dir)
-            summary = Simulation(cfg, run_dir=run_dir, tensorboard=False, progress=progress).run()
+            summaries[run_dir] = json.loads((run_dir / "summary.json").read_text())
+    if jobs == 1 or len(pending) <= 1:
+        for entry, seed, cfg, run_dir, state in pending:
+            log.info("compare: %s %s with seed %d in %s", "resuming" if state else "running", entry.label, seed,
+                     run_dir)
+            summaries[run_dir] = _execute(cfg, run_dir, state, progress)
+            if summaries[run_dir].get("interrupted"):
+                interrupted = True
+                break
+    else:
+        interrupted = _run_parallel(pending, min(jobs, len(pending)), summaries)
+
+    per_algo: Dict[str, Dict[str, Any]] = {
+        e.label: {"algorithm": e.algorithm, "settings": parse_sets(e.sets), "runs": []} for e in entries}
+    metric = None
+    for entry, seed, cfg, run_dir, _ in tasks:
+        summary = summaries.get(run_dir)
+        if summary is None:  # not run: the comparison was interrupted first
+            continue
         if metric is None:
             metric = summary["metric"]
-        entry = per_algo[algo]
-        entry.setdefault("model", cfg.model.name)
-        entry.setdefault("trainer", cfg.trainer.name)
-        entry.setdefault("aggregator", cfg.aggregator.name)
-        entry["runs"].append({
+        row = per_algo[entry.label]
+        row.setdefault("model", cfg.model.name)
+        row.setdefault("trainer", cfg.trainer.name)
+        row.setdefault("aggregator", cfg.aggregator.name)
+        curve, seconds = _read_curve(run_dir, summary["metric"])
+        row["runs"].append({
             "seed": seed, "run_dir": str(run_dir),
             "final_uniform": summary["final"]["uniform"], "final_weighted": summary["final"]["weighted"],
             "best_uniform": summary["best"]["uniform"], "best_round": summary["best"]["round"],
             "final_k": summary["final"]["k"], "rounds_completed": summary["rounds_completed"],
-            "bytes_up_total": summary["bytes_up_total"], "curve": _read_curve(run_dir, summary["metric"]),
+            "bytes_up_total": summary["bytes_up_total"], "seconds": seconds, "curve": curve,
         })
         if summary.get("interrupted"):
             interrupted = True
-            break
+    expected = len(seeds)
 
     for entry in per_algo.values():
         for stat in STATS:
             entry[stat] = _mean_std([r[stat] for r in entry["runs"]])
         entry["bytes_up_total"] = _mean_std([r["bytes_up_total"] for r in entry["runs"]])
+        entry["seconds"] = _mean_std([r["seconds"] for r in entry["runs"]])
     first_cfg = next(iter(plan.values()))
     models = {e["model"] for e in per_algo.values() if e["runs"]}
     notes = []
@@ -167,10 +317,11 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
             f"{a}: {e['model']}" for a, e in per_algo.items() if e["runs"]) + "); set model.name to compare "
             "on one model")
     results: Dict[str, Any] = {
-        "metric": metric or "accuracy", "algorithms": list(algorithms), "seeds": [int(s) for s in seeds],
+        "metric": metric or "accuracy", "algorithms": [e.label for e in entries], "seeds": [int(s) for s in seeds],
         "dataset": first_cfg.dataset.name, "partition": to_plain(first_cfg.partition),
         "rounds": first_cfg.rounds,
-        "final_k": max((r["final_k"] for e in per_algo.values() for r in e["runs"]), default=first_cfg.eval.final_k), "std": "population std over seeds (ddof=0)",
+        "final_k": max((r["final_k"] for e in per_algo.values() for r in e["runs"]), default=first_cfg.eval.final_k),
+        "std": "population std over seeds (ddof=0)", "jobs": jobs,
         "interrupted": interrupted, "notes": notes, "results": per_algo,
     }
     files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "plot": out_dir / "curves.png"}
@@ -194,25 +345,31 @@ def results_markdown(results: Mapping[str, Any]) -> str:
     metric = results["metric"]
     percent = metric == "accuracy"
     unit = " (%)" if percent else ""
+    part_seed = results["partition"].get("seed")
+    fixed = "" if part_seed is None else f" with partition seed {part_seed} for every run seed"
     lines = [
-        f"# Comparison on {results['dataset']} ({results['partition']['name']} partition, "
+        f"# Comparison on {results['dataset']} ({results['partition']['name']} partition{fixed}, "
         f"{results['partition']['num_clients']} clients, {results['rounds']} rounds)",
         "",
         f"Seeds: {', '.join(map(str, results['seeds']))}. Each cell: mean ± {results['std']}. "
         f"Final = mean of the last {results['final_k']} evaluations; uniform = mean over clients of each "
-        f"client's {metric}; weighted = pooled over all test samples; best = best uniform evaluation.",
+        f"client's {metric}; weighted = pooled over all test samples; best = best uniform evaluation; "
+        f"seconds = training + evaluation time of a run's rounds (wall clock, {results.get('jobs', 1)} parallel "
+        f"job(s)). Per-run numbers: results.json.",
         "",
         f"| algorithm | final {metric}, uniform{unit} | best {metric}, uniform{unit} | "
-        f"final {metric}, weighted{unit} | model | runs | upload per run (MiB) |",
-        "|---|---|---|---|---|---|---|",
+        f"final {metric}, weighted{unit} | model | runs | upload per run (MiB) | seconds per run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for algo in results["algorithms"]:
         e = results["results"][algo]
         up = e["bytes_up_total"]
         up_text = "n/a" if up["n"] == 0 else f"{up['mean'] / 2 ** 20:.2f}"
+        sec = e.get("seconds", {"n": 0})
+        sec_text = "n/a" if sec["n"] == 0 else f"{sec['mean']:.1f}"
         lines.append(f"| {algo} | {_fmt(e['final_uniform'], percent)} | {_fmt(e['best_uniform'], percent)} | "
                      f"{_fmt(e['final_weighted'], percent)} | {e.get('model', 'n/a')} | {len(e['runs'])} | "
-                     f"{up_text} |")
+                     f"{up_text} | {sec_text} |")
     for note in results.get("notes", []):
         lines += ["", f"Note: {note}."]
     if results.get("interrupted"):

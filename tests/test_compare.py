@@ -1,5 +1,7 @@
 """fl compare / run_comparison: table, JSON and PNG are written and agree with the runs' own summaries."""
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,3 +117,91 @@ def test_cli_command(tmp_path):
     assert bad.exit_code == 2 and "unknown algorithm 'nope'" in bad.output
     bad = runner.invoke(compare_command, ["--plugins", "fedavg", "--seeds", "0,x", "--out", str(tmp_path / "z")])
     assert bad.exit_code == 2 and "--seeds" in bad.output
+
+
+def test_variants_are_labelled_rows_with_their_settings(tmp_path):
+    specs = ["fedavg", "fedavg+train.lr=0.05", "fedavg+train.lr=0.05+train.local_epochs=2"]
+    results = run_comparison(specs, [0], [TINY], tmp_path, algorithm_layers={"fedavg": [{"train": {"lr": 0.2}}]})
+    assert results["algorithms"] == specs
+    configs = {}
+    for spec in specs:
+        entry = results["results"][spec]
+        assert entry["algorithm"] == "fedavg" and len(entry["runs"]) == 1
+        run_dir = tmp_path / "runs" / f"{spec}-seed0"
+        assert entry["runs"][0]["run_dir"] == str(run_dir)
+        configs[spec] = json.loads((run_dir / "config.json").read_text())
+    # ALGO:key=value applies to every variant of ALGO; the variant's own setting outranks it
+    assert configs["fedavg"]["train"]["lr"] == 0.2 and configs["fedavg"]["train"]["local_epochs"] == 1
+    assert configs["fedavg+train.lr=0.05"]["train"]["lr"] == 0.05
+    assert configs["fedavg+train.lr=0.05"]["train"]["local_epochs"] == 1
+    assert configs["fedavg+train.lr=0.05+train.local_epochs=2"]["train"]["local_epochs"] == 2
+    assert results["results"]["fedavg+train.lr=0.05"]["settings"] == {"train": {"lr": 0.05}}
+    finals = [results["results"][s]["final_uniform"]["mean"] for s in specs]
+    assert len(set(finals)) == 3  # the settings really changed the runs
+    table = (tmp_path / "results.md").read_text()
+    for spec in specs:
+        assert f"| {spec} |" in table
+
+
+def test_partition_seed_and_list_valued_variant_get_safe_directories(tmp_path):
+    spec = "fedavg+participation.random_join_ratio=[0.5,1]"
+    results = run_comparison(["fedavg", spec], [0, 1], [TINY, {"partition": {"seed": 7}}], tmp_path)
+    run_dir = tmp_path / "runs" / "fedavg+participation.random_join_ratio=_0.5_1-seed1"
+    assert results["results"][spec]["runs"][1]["run_dir"] == str(run_dir)
+    assert json.loads((run_dir / "config.json").read_text())["participation"]["random_join_ratio"] == [0.5, 1]
+    # one partition for every run seed
+    parts = {(tmp_path / "runs" / f"fedavg-seed{s}" / "partition.json").read_text() for s in (0, 1)}
+    assert len(parts) == 1
+    assert "partition seed 7" in (tmp_path / "results.md").read_text()
+
+
+def test_parallel_jobs_give_the_serial_numbers(tmp_path):
+    serial = run_comparison(ALGOS, SEEDS, [TINY], tmp_path / "serial", jobs=1)
+    parallel = run_comparison(ALGOS, SEEDS, [TINY], tmp_path / "parallel", jobs=2)
+    for algo in ALGOS:
+        for a, b in zip(serial["results"][algo]["runs"], parallel["results"][algo]["runs"]):
+            assert a["seed"] == b["seed"]
+            for key in ("final_uniform", "best_uniform", "final_weighted", "best_round", "bytes_up_total"):
+                assert a[key] == b[key], (algo, a["seed"], key)
+            assert a["curve"] == b["curve"]
+    # a parallel rerun reuses every finished run
+    summary = tmp_path / "parallel" / "runs" / "local-seed1" / "summary.json"
+    before = summary.stat().st_mtime_ns
+    again = run_comparison(ALGOS, SEEDS, [TINY], tmp_path / "parallel", jobs=2)
+    assert summary.stat().st_mtime_ns == before
+    assert again["results"]["local"]["final_uniform"] == parallel["results"]["local"]["final_uniform"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("fedavg+oops", "'oops' is not key=value"),
+    ("fedavg+=3", "is not key=value"),
+    ("+train.lr=0.1", "is not ALGORITHM"),
+    ("fedavg+train.lrr=0.1", "train.lrr"),
+    ("fedavgg+train.lr=0.1", "fedavgg"),
+])
+def test_malformed_variant_specs_are_clear_errors(tmp_path, spec, message):
+    with pytest.raises(PflError, match=re.escape(message)):
+        run_comparison(["fedavg", spec], [0], [TINY], tmp_path)
+    assert not (tmp_path / "runs").exists()
+    runner = CliRunner()
+    res = runner.invoke(compare_command, ["--plugins", f"fedavg,{spec}", "--out", str(tmp_path / "cli"),
+                                          "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+
+
+def test_cli_variants_with_list_values_and_jobs(tmp_path):
+    runner = CliRunner()
+    tiny = ["--set", "rounds=2", "--set", "partition.num_clients=4", "--set", "model.name=mlp",
+            "--set", "model.hidden=[16]", "--set", "checkpoint.every=0", "--set", "device=cpu"]
+    spec = "fedavg+participation.random_join_ratio=[0.5,1]+train.lr=0.02"
+    res = runner.invoke(compare_command, ["--plugins", f"fedavg,{spec}", "--seeds", "0", "--jobs", "2",
+                                          "--out", str(tmp_path / "o"), "--no-progress", *tiny])
+    assert res.exit_code == 0, res.output
+    assert f"| {spec} |" in res.output
+    saved = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert saved["algorithms"] == ["fedavg", spec] and saved["jobs"] == 2
+    cfg = json.loads(Path(saved["results"][spec]["runs"][0]["run_dir"], "config.json").read_text())
+    assert cfg["participation"]["random_join_ratio"] == [0.5, 1] and cfg["train"]["lr"] == 0.02
+    bad = runner.invoke(compare_command, ["--plugins", "fedavg", "--jobs", "0", "--out", str(tmp_path / "j")])
+    assert bad.exit_code == 2 and "--jobs" in bad.output

@@ -18,6 +18,27 @@ def _names(text: str, what: str) -> List[str]:
     return items
 
 
+def _specs(text: str) -> List[str]:
+    """``--plugins`` entries, split on commas outside brackets: a variant's value may be a list
+    (``fedcp+participation.random_join_ratio=[0.1,1]``)."""
+    items, depth, current = [], 0, []
+    for ch in text:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth = max(0, depth - 1)
+        if ch == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    items.append("".join(current))
+    items = [t.strip() for t in items if t.strip()]
+    if not items:
+        raise ConfigError("--plugins: give a comma-separated list of algorithms or variants (NAME+key=value)")
+    return items
+
+
 def _seeds(text: str) -> List[int]:
     try:
         return [int(s) for s in _names(text, "seeds")]
@@ -39,21 +60,25 @@ def _split_sets(sets: Tuple[str, ...]) -> Tuple[List[str], Dict[str, List[str]]]
 
 
 @click.command("compare")
-@click.option("--plugins", "-p", "plugins", required=True, metavar="A,B,...",
-              help="Algorithms to compare, comma-separated (fl list algorithms).")
+@click.option("--plugins", "-p", "plugins", required=True, metavar="A,B+KEY=VALUE,...",
+              help="Algorithms to compare, comma-separated (fl list algorithms). NAME+key=value[+key=value] is a "
+                   "labelled variant: NAME with those settings, its own row (fedcac+aggregator.collaboration=local).")
 @click.option("--seeds", default="0", show_default=True, metavar="S1,S2,...",
-              help="Seeds; every algorithm runs once per seed (the seed fixes partition, init and sampling).")
+              help="Seeds; every algorithm runs once per seed (the seed fixes init and sampling, and the partition "
+                   "unless partition.seed is set).")
 @click.option("--config", "-c", "config_file", type=click.Path(dir_okay=False),
               help="TOML or JSON config file applied to every algorithm.")
 @click.option("--set", "-s", "sets", multiple=True, metavar="[ALGO:]KEY=VALUE",
               help="Override a config key for every algorithm (train.lr=0.01), or for one (fedprox:trainer.mu=0.1). "
                    "Repeatable.")
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Output folder: results.md, results.json, curves.png and runs/<algo>-seed<k>/.")
-@click.option("--progress/--no-progress", default=True, help="Draw a progress bar per run.")
+              help="Output folder: results.md, results.json, curves.png and runs/<label>-seed<k>/.")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Runs at a time, each in its own process with one torch thread (same numbers as --jobs 1).")
+@click.option("--progress/--no-progress", default=True, help="Draw a progress bar per run (only with --jobs 1).")
 @friendly_errors
 def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: Tuple[str, ...], out_dir: str,
-                    progress: bool) -> None:
+                    jobs: int, progress: bool) -> None:
     """Compare algorithms on the same data, partition and seeds: a results table and accuracy curves.
 
     Finished runs of an identical configuration already in OUT/runs are reused and interrupted ones resumed, so
@@ -61,7 +86,7 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
     """
     from ..compare import run_comparison
 
-    algorithms = _names(plugins, "plugins")
+    algorithms = _specs(plugins)
     seed_list = _seeds(seeds)
     common, per_algo = _split_sets(sets)
     layers = []
@@ -69,9 +94,10 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
         layers.append(load_file(config_file))
     layers.append(parse_sets(common))
     algo_layers = {a: [parse_sets(items)] for a, items in per_algo.items()}
-    click.echo(f"comparing {', '.join(algorithms)} over seeds {', '.join(map(str, seed_list))} -> {out_dir}")
+    click.echo(f"comparing {', '.join(algorithms)} over seeds {', '.join(map(str, seed_list))} -> {out_dir}"
+               + (f" ({jobs} parallel jobs)" if jobs > 1 else ""))
     results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress,
-                             algorithm_layers=algo_layers)
+                             algorithm_layers=algo_layers, jobs=jobs)
     click.echo(Path(results["files"]["markdown"]).read_text())
     click.echo(f"table: {results['files']['markdown']}  (json: {results['files']['json']})\n"
                f"curves: {results['files']['plot']}")
