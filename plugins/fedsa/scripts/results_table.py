@@ -2,12 +2,13 @@
 """FedSA against FedAvg and FedProx on the embedded digits dataset: pathological and Dir(0.1) partitions, seeds.
 
 Metric (the paper's): accuracy of the *global* model on every client's test split, uniform mean over clients,
-averaged over the last 10 evaluated rounds (``eval.final_k=10``); mean +- std over seeds. All rows share the model,
-optimiser, rounds and partition, so only the algorithm differs. Rows whose plugin is not installed are listed as
-missing instead of being silently dropped.
+averaged over the last 10 evaluated rounds (``eval.final_k=10``); mean +- std (population, over seeds). All rows
+share the model, optimiser, rounds and partition, so only the algorithm differs.
 
-Kept cheap on purpose (a few CPU minutes with the defaults): 20 clients, join ratio 1, 1 local epoch, a small MLP
-instead of the paper's ResNet-18, 20 rounds.
+The runs are ``fl compare`` runs (``pflkit.core.compare.run_comparison``), one comparison per partition, under
+``--out``/<partition>/: each has its own results.md / results.json / curves.png, and rerunning reuses finished runs.
+This script only adds what one comparison cannot show: the two partitions side by side, and FedSA's diagnostics
+(means over rounds of the ``fedsa/*`` scalars in each run's metrics.jsonl).
 
     python plugins/fedsa/scripts/results_table.py                      # full table (3 seeds)
     python plugins/fedsa/scripts/results_table.py --seeds 0 --rounds 12 --jobs 2
@@ -18,120 +19,86 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
-import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-# (row label, algorithm, extra config). "client_weighting=samples" separates FedSA's skew handling from its uniform
-# (paper) mean, which differs from FedAvg's sample-weighted mean on unbalanced partitions; the FedSA + FedProx row
-# shows the aggregator combining with another trainer through configuration alone.
-ROWS: List[Tuple[str, str, Dict[str, Any]]] = [
-    ("FedAvg", "fedavg", {}),
-    ("FedProx (mu 0.01)", "fedprox", {}),
-    ("FedSA (defaults)", "fedsa", {}),
-    ("FedSA, client_weighting=samples", "fedsa", {"aggregator": {"client_weighting": "samples"}}),
-    ("FedSA, cv_norm=rank", "fedsa", {"aggregator": {"cv_norm": "rank"}}),
-    ("FedSA aggregator + FedProx clients", "fedsa", {"trainer": {"name": "fedprox"}}),
-]
-PARTITIONS: Dict[str, Dict[str, Any]] = {
+# One row per entry: a plain algorithm or a labelled variant ``NAME+key=value``. client_weighting=samples separates
+# FedSA's skew handling from its uniform (paper) mean, which differs from FedAvg's sample-weighted mean on
+# unbalanced partitions; trainer.name=fedprox shows the aggregator combining with another trainer by configuration.
+ROWS = ["fedavg", "fedprox", "fedsa", "fedsa+aggregator.client_weighting=samples", "fedsa+aggregator.cv_norm=rank",
+        "fedsa+trainer.name=fedprox"]
+PARTITIONS: Dict[str, Dict[str, Any]] = {  # table column -> partition settings (20 clients each)
     "pathological (2 classes/client)": {"name": "pathological", "classes_per_client": 2},
     "Dir(0.1)": {"name": "dirichlet", "alpha": 0.1},
 }
+DIAGNOSTICS = ("fedsa/high_share", "fedsa/macro_classes", "fedsa/unclustered")
 
 
-def _run(job: Tuple[str, str, Dict[str, Any], str, int, int, str]) -> Dict[str, Any]:
-    label, algorithm, extra, partition, seed, rounds, model = job
-    import torch
-
-    torch.set_num_threads(1)
-    from pflkit.core import Simulation
-    from pflkit.core.config import deep_merge, resolve
-
-    layer = {
-        "seed": seed, "rounds": rounds, "device": "cpu", "checkpoint": {"every": 0},
-        "partition": dict(PARTITIONS[partition], num_clients=20),
+def shared_layer(rounds: int, model: str, partition: Dict[str, Any]) -> Dict[str, Any]:
+    """Settings of every run (the partition follows the run seed, the same for every row of one seed)."""
+    return {
+        "rounds": rounds, "device": "cpu", "checkpoint": {"every": 0},
+        "partition": dict(partition, num_clients=20),
         "participation": {"join_ratio": 1.0},
         "model": {"name": model},
         "train": {"lr": 0.05, "batch_size": 32, "local_epochs": 1},
         "eval": {"final_k": 10},
     }
-    cfg = resolve([deep_merge(layer, extra)], algorithm=algorithm)
-    start = time.process_time()
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = Simulation(cfg, run_dir=Path(tmp) / "run", tensorboard=False).run()
-        records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
-    fedsa = [r for r in records if "fedsa/high_share" in r]
-    return {
-        "label": label, "partition": partition, "seed": seed,
-        "final": summary["final"]["uniform"], "best": summary["best"]["uniform"],
-        "high_share": statistics.mean(r["fedsa/high_share"] for r in fedsa) if fedsa else None,
-        "macro_classes": statistics.mean(r["fedsa/macro_classes"] for r in fedsa) if fedsa else None,
-        "unclustered": statistics.mean(r["fedsa/unclustered"] for r in fedsa) if fedsa else None,
-        "cpu_seconds": time.process_time() - start,
-    }
 
 
-def _fmt(values: List[float]) -> str:
-    mean = 100 * statistics.mean(values)
-    std = 100 * statistics.pstdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.2f} +- {std:.2f}"
+def run_diagnostics(run_dir: Path) -> Optional[Dict[str, float]]:
+    """Means over rounds of FedSA's logged diagnostics; None for a run that logs none (not a FedSA aggregator)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if DIAGNOSTICS[0] in r]
+    if not rows:
+        return None
+    return {key: statistics.mean(r[key] for r in rows) for key in DIAGNOSTICS}
 
 
-def main() -> None:
+def _fmt(stat: Dict[str, float]) -> str:
+    return f"{100 * stat['mean']:.2f} +- {100 * stat['std']:.2f}"
+
+
+def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    ap.add_argument("--runs", type=Path, default=Path("fedsa-table"),
+                    help="fl compare output folder (one subfolder per partition); finished runs there are reused")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown table here too")
-    ap.add_argument("--json", type=Path, default=None, help="write the per-run results here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
-    from pflkit.core import ALGORITHMS, TRAINERS
+    from pflkit.core.compare import run_comparison
 
-    available, missing = [], []
-    for label, algorithm, extra in ROWS:
-        trainer = extra.get("trainer", {}).get("name")
-        if algorithm not in ALGORITHMS.names() or (trainer and trainer not in TRAINERS.names()):
-            missing.append(label)
-        else:
-            available.append((label, algorithm, extra))
-    jobs = [(label, algo, extra, part, seed, args.rounds, args.model)
-            for label, algo, extra in available for part in PARTITIONS for seed in args.seeds]
-    wall = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(_run, jobs))
-    wall = time.perf_counter() - wall
+    columns = {}
+    for part_label, partition in PARTITIONS.items():
+        columns[part_label] = run_comparison(ROWS, args.seeds, [shared_layer(args.rounds, args.model, partition)],
+                                             args.runs / partition["name"], jobs=args.jobs)
 
     lines = [f"Global-model accuracy (%), uniform mean over the 20 clients' test splits, mean of the last 10 of "
              f"{args.rounds} rounds; mean +- std over seeds {args.seeds}. digits (8x8), model {args.model}, "
              f"join ratio 1, 1 local epoch, SGD lr 0.05, batch 32.", "",
-             "| method | " + " | ".join(PARTITIONS) + " | FedSA: high-dispersion share / Macro-Classes / unclustered (per partition) |",
+             "| method | " + " | ".join(PARTITIONS) + " | FedSA: high-dispersion share / Macro-Classes / "
+             "unclustered (per partition) |",
              "|---|" + "---|" * len(PARTITIONS) + "---|"]
-    for label, _, _ in available:
-        cells = []
-        diag = []
-        for part in PARTITIONS:
-            runs = [r for r in results if r["label"] == label and r["partition"] == part]
-            cells.append(_fmt([r["final"] for r in runs]))
-            if runs[0]["high_share"] is not None:
-                diag.append(f"{100 * statistics.mean(r['high_share'] for r in runs):.2f}% / "
-                            f"{statistics.mean(r['macro_classes'] for r in runs):.1f} / "
-                            f"{statistics.mean(r['unclustered'] for r in runs):.1f}")
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {' ; '.join(diag) if diag else '-'} |")
-    for label in missing:
-        lines.append(f"| {label} | " + " | ".join("not installed" for _ in PARTITIONS) + " | - |")
-    cpu = sum(r["cpu_seconds"] for r in results)
-    lines += ["", f"{len(results)} runs, {cpu:.0f} CPU seconds in the runs, {wall:.0f} s wall with {args.jobs} "
-                  f"worker(s)." + (f" Missing (plugin not installed): {', '.join(missing)}." if missing else "")]
+    for row in ROWS:
+        cells, diag = [], []
+        for results in columns.values():
+            entry = results["results"][row]
+            cells.append(_fmt(entry["final_uniform"]))
+            per_run = [run_diagnostics(Path(r["run_dir"])) for r in entry["runs"]]
+            if per_run and per_run[0] is not None:
+                diag.append(f"{100 * statistics.mean(d['fedsa/high_share'] for d in per_run):.2f}% / "
+                            f"{statistics.mean(d['fedsa/macro_classes'] for d in per_run):.1f} / "
+                            f"{statistics.mean(d['fedsa/unclustered'] for d in per_run):.1f}")
+        lines.append(f"| {row} | " + " | ".join(cells) + f" | {' ; '.join(diag) if diag else '-'} |")
+    lines += ["", "Per-run numbers and curves: " + ", ".join(r["files"]["json"] for r in columns.values()) + "."]
     text = "\n".join(lines)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
