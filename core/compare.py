@@ -11,8 +11,9 @@ same user layers (file and ``--set`` overrides; ``seed`` is then set per run), e
 
 An entry may be a labelled *variant*: ``"fedcac+aggregator.collaboration=local"`` runs fedcac with that setting
 on top of the shared layers (``NAME+key=value[+key=value...]``); its row is labelled with the whole spec and its run
-directories use a filesystem-safe form of it. ``jobs=N`` runs N runs at a time in worker processes with one torch
-thread each; every run is seeded, so the numbers do not depend on ``jobs``. To keep one partition across run seeds,
+directories use a filesystem-safe form of it. ``jobs=N`` runs N runs at a time in worker processes. Every run uses
+one torch thread, serial ones included (CPU kernels may round differently with another thread count), and every
+run is seeded, so the numbers do not depend on ``jobs``: use ``jobs`` to use more cores. To keep one partition across run seeds,
 set ``partition.seed``.
 
 Std over seeds is the population std (numpy's default, ddof=0), as PFLlib reports it. A run directory that already
@@ -22,6 +23,7 @@ directory of a different configuration is an error.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -30,7 +32,7 @@ import re
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -184,6 +186,20 @@ def _init_worker() -> None:
     torch.set_num_threads(1)
 
 
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Serial runs use one torch thread too: CPU kernels (convolutions, BatchNorm reductions) can round
+    differently with another thread count, and ``jobs`` must not change the numbers."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _execute(cfg: Any, run_dir: Path, state: Optional[str], progress: bool) -> Dict[str, Any]:
     """Run (state None) or resume (state 'resume') one run; its summary."""
     from .simulation import Simulation
@@ -242,7 +258,7 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
     ``layers`` (file, ``--set``) apply to every entry; ``algorithm_layers[name]`` only to the entries of that
     algorithm, variants included (e.g. ``trainer.mu`` for fedprox, a key the other trainers do not have); a
     variant's own settings outrank both. ``jobs`` > 1 runs that many runs at a time in worker processes (one torch
-    thread each; no progress bars). Returns the content of ``results.json`` plus the written file paths under
+    thread each, as serial runs have; no progress bars). Returns the content of ``results.json`` plus the written file paths under
     ``files``.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -269,13 +285,14 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
             log.info("compare: reusing the finished run in %s", run_dir)
             summaries[run_dir] = json.loads((run_dir / "summary.json").read_text())
     if jobs == 1 or len(pending) <= 1:
-        for entry, seed, cfg, run_dir, state in pending:
-            log.info("compare: %s %s with seed %d in %s", "resuming" if state else "running", entry.label, seed,
-                     run_dir)
-            summaries[run_dir] = _execute(cfg, run_dir, state, progress)
-            if summaries[run_dir].get("interrupted"):
-                interrupted = True
-                break
+        with _one_torch_thread():
+            for entry, seed, cfg, run_dir, state in pending:
+                log.info("compare: %s %s with seed %d in %s", "resuming" if state else "running", entry.label,
+                         seed, run_dir)
+                summaries[run_dir] = _execute(cfg, run_dir, state, progress)
+                if summaries[run_dir].get("interrupted"):
+                    interrupted = True
+                    break
     else:
         interrupted = _run_parallel(pending, min(jobs, len(pending)), summaries)
 

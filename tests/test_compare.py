@@ -205,3 +205,26 @@ def test_cli_variants_with_list_values_and_jobs(tmp_path):
     assert cfg["participation"]["random_join_ratio"] == [0.5, 1] and cfg["train"]["lr"] == 0.02
     bad = runner.invoke(compare_command, ["--plugins", "fedavg", "--jobs", "0", "--out", str(tmp_path / "j")])
     assert bad.exit_code == 2 and "--jobs" in bad.output
+
+
+def test_serial_runs_use_one_torch_thread_and_restore_it(tmp_path, monkeypatch):
+    import torch
+
+    import pflkit.core.compare as compare
+
+    seen = []
+    real = compare._execute
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compare, "_execute", recording)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        run_comparison(["fedavg"], [0, 1], [TINY], tmp_path, jobs=1)
+        assert seen == [1, 1]  # as in the --jobs N workers, so --jobs does not change the numbers
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)

@@ -74,7 +74,8 @@ def _split_sets(sets: Tuple[str, ...]) -> Tuple[List[str], Dict[str, List[str]]]
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Output folder: results.md, results.json, curves.png and runs/<label>-seed<k>/.")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Runs at a time, each in its own process with one torch thread (same numbers as --jobs 1).")
+              help="Runs at a time, each in its own process. Every run uses one torch thread, also with --jobs 1, so "
+                   "the numbers do not depend on --jobs.")
 @click.option("--progress/--no-progress", default=True, help="Draw a progress bar per run (only with --jobs 1).")
 @friendly_errors
 def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: Tuple[str, ...], out_dir: str,
