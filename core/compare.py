@@ -125,7 +125,8 @@ def parse_entry(spec: str) -> Entry:
             sets.append(piece.strip())
         else:  # '+' inside a value, e.g. 1e+3
             sets[-1] += "+" + piece
-    return Entry(label="+".join([name, *sets]), algorithm=name, sets=tuple(sets), dir_name=_safe_name(text))
+    label = "+".join([name, *sets])
+    return Entry(label=label, algorithm=name, sets=tuple(sets), dir_name=_safe_name(label))
 
 
 def _safe_name(label: str) -> str:
