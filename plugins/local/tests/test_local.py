@@ -1,0 +1,14 @@
+import torch
+
+from pflkit.core import Simulation
+from pflkit.core.testing import tiny_config
+
+
+def test_no_parameters_travel_and_models_stay_personal(tmp_path):
+    sim = Simulation(tiny_config("local", {"rounds": 2}), run_dir=tmp_path / "r", tensorboard=False)
+    result = sim.run()
+    # replies carry two scalars per client and round: 16 bytes up, nothing down
+    assert result["bytes_up_total"] == 2 * 4 * 16 and result["bytes_down_total"] == 0
+    first = [next(iter(sim.backend.get_state(c)["model"].values())) for c in sim.client_ids]
+    assert not torch.equal(first[0], first[1])
+    assert result["final"]["uniform"] > 0.3
