@@ -21,7 +21,7 @@ from .client import ClientContext
 from .comm import Communicator
 from .config import to_plain
 from .data import ClientSplit, FederatedData, build_federated_data
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, PflError
 from .evaluation import History, per_client_metric, summarize
 from .monitor import RunLogger
 from .seeding import derive_seed, rng_state, seed_everything, set_rng_state
@@ -57,6 +57,32 @@ def make_model_factory(cfg: EasyDict, input_shape, output_dim: int, device: torc
     return build
 
 
+def check_model_fits_data(cfg: EasyDict, build_model: Callable[[], torch.nn.Module], data: FederatedData,
+                          device: torch.device) -> None:
+    """Build the model and run it on two real samples, so a model/data mismatch is one clear error up front."""
+    bundle = data.bundle
+    try:
+        model = build_model()
+    except Exception as exc:
+        raise ConfigError(f"model '{cfg.model.name}' cannot be built for inputs of shape "
+                          f"{tuple(bundle.input_shape)} with {bundle.task.output_dim} outputs: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    x = bundle.x[:2].to(device)
+    if bundle.transform is not None:
+        x = bundle.transform(x)
+    try:
+        with torch.no_grad():
+            model.eval()
+            out = model(x)
+    except Exception as exc:
+        raise ConfigError(f"model '{cfg.model.name}' does not fit dataset '{cfg.dataset.name}' (inputs of shape "
+                          f"{tuple(bundle.input_shape)}, dtype {x.dtype}): {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0]}") from exc
+    if bundle.task.kind == "classification" and (out.ndim != 2 or out.shape[1] != bundle.task.output_dim):
+        raise ConfigError(f"model '{cfg.model.name}' outputs shape {tuple(out.shape[1:])} per sample; dataset "
+                          f"'{cfg.dataset.name}' needs {bundle.task.output_dim} class scores")
+
+
 def default_run_dir(cfg: EasyDict) -> Path:
     name = cfg.run_name or f"{cfg.algorithm}-{cfg.dataset.name}-{datetime.now():%Y%m%d-%H%M%S}"
     return Path(cfg.output_dir) / name
@@ -73,6 +99,10 @@ def prepare_run_dir(path: Path, exist_ok: bool = False) -> Path:
     if not os.access(path, os.W_OK):
         raise CheckpointError(f"run directory {path} is not writable")
     return path
+
+
+class RunFailure(PflError):
+    """The run cannot make progress (e.g. every client failed in a round)."""
 
 
 class _GracefulInterrupt:
@@ -126,6 +156,7 @@ class Simulation:
         bundle = self.data.bundle
         self.task = bundle.task
         self.build_model = make_model_factory(cfg, bundle.input_shape, bundle.task.output_dim, self.device)
+        check_model_fits_data(cfg, self.build_model, self.data, self.device)
         self.client_ids = list(range(self.data.num_clients))
 
         self.trainer_cls = reg.TRAINERS.get(cfg.trainer.name)
@@ -243,6 +274,11 @@ class Simulation:
         selected = self.select_clients(rnd)
         start = time.perf_counter()
         self.server.run_round(rnd, selected, self.comm)
+        failures = self.comm.traffic.failures
+        if failures and not self.comm.traffic.train_replies and len({f["client"] for f in failures}) >= len(selected):
+            raise RunFailure(f"every selected client failed in round {rnd}; first failure: client "
+                             f"{failures[0]['client']} '{failures[0]['kind']}' {failures[0]['reason']} "
+                             f"(run with -v for tracebacks)")
         train_seconds = time.perf_counter() - start
         replies_seen = self.comm.traffic.train_replies
         record: Dict[str, Any] = {

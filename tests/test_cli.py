@@ -45,6 +45,8 @@ def test_run_prints_summary_and_how_to_open_tensorboard(tmp_path):
     (["run", "--plugin", "fedavg", "--set", "dataset.name=cifar1O"], "unknown dataset 'cifar1O'"),
     (["run", "--plugin", "fedavg", "--config", "/nonexistent.toml"], "does not exist"),
     (["run"], "name an algorithm"),
+    (["run", "--plugin", "fedavg", "--set", "model.name=lenet"], "model 'lenet' cannot be built for inputs of shape (1, 8, 8)"),
+    (["run", "--plugin", "fedavg", "--set", "model.name=fasttext"], "model 'fasttext' does not fit dataset 'digits'"),
     (["run", "--resume", "/nonexistent-run"], "not a run directory"),
     (["show", "fedavgg"], "unknown plugin or component"),
 ])

@@ -80,7 +80,8 @@ class RaisesOnClientTwo(LocalSGDTrainer):
 class LeaksData(LocalSGDTrainer):
     def on_fit(self, payload):
         reply = super().on_fit(payload)
-        reply["sneaky"] = self.ctx.train.x[:3]
+        if self.ctx.cid == 0:
+            reply["sneaky"] = self.ctx.train.x[:3]
         return reply
 
 
@@ -107,9 +108,23 @@ def test_raising_client_is_skipped_or_aborts(tmp_path, faulty_trainers):
                                                  "failures": {"on_client_error": "abort"}})
 
 
+class AlwaysRaises(LocalSGDTrainer):
+    def local_update(self):
+        raise RuntimeError("broken everywhere")
+
+
+def test_a_round_where_every_client_fails_stops_the_run(tmp_path, registries_snapshot):
+    from pflkit.core.simulation import RunFailure
+
+    registries_snapshot.TRAINERS.register("always_raises", AlwaysRaises)
+    with pytest.raises(RunFailure, match="every selected client failed in round 1.*broken everywhere"):
+        quick_run("fedavg", tmp_path, {"trainer": {"name": "always_raises"}})
+
+
 def test_reply_exposing_raw_data_is_refused(tmp_path, faulty_trainers):
     result = quick_run("fedavg", tmp_path, {"trainer": {"name": "leak"}, "rounds": 1})
-    assert result["client_failures"] == 4  # every client's reply refused
+    assert result["client_failures"] == 1  # client 0's reply refused, the others aggregated
+    assert read_jsonl(tmp_path / "run")[0]["clients_replied"] == 3
 
 
 def test_server_context_holds_no_client_data(tmp_path):
