@@ -84,8 +84,15 @@ def check_model_fits_data(cfg: EasyDict, build_model: Callable[[], torch.nn.Modu
 
 
 def default_run_dir(cfg: EasyDict) -> Path:
-    name = cfg.run_name or f"{cfg.algorithm}-{cfg.dataset.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    return Path(cfg.output_dir) / name
+    """``output_dir/run_name``; without a run_name, ``<algorithm>-<dataset>-<time>`` made unique with a suffix."""
+    if cfg.run_name:
+        return Path(cfg.output_dir) / cfg.run_name
+    base = Path(cfg.output_dir) / f"{cfg.algorithm}-{cfg.dataset.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 def prepare_run_dir(path: Path, exist_ok: bool = False) -> Path:
@@ -141,23 +148,25 @@ class Simulation:
         self.progress = progress
         self.device = resolve_device(cfg.device)
         resuming = _resume_state is not None
-        self.run_dir = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(cfg), exist_ok=resuming)
-        if not resuming:
-            (self.run_dir / "config.json").write_text(json.dumps(to_plain(cfg), indent=2))
+        run_dir = Path(run_dir) if run_dir else default_run_dir(cfg)
         seed_everything(cfg.seed)
 
-        # data: partition once, saved with the run; a resumed run reloads the saved partition
+        # data and model are checked before anything is written, so bad input leaves no run directory behind;
+        # a resumed run reloads its saved partition
         splits = None
-        if resuming and (self.run_dir / "partition.json").exists():
-            splits = FederatedData.load_splits(self.run_dir / "partition.json")
+        if resuming and (run_dir / "partition.json").exists():
+            splits = FederatedData.load_splits(run_dir / "partition.json")
         self.data = data if data is not None else build_federated_data(cfg, splits=splits)
-        if not resuming:
-            self.data.save(self.run_dir / "partition.json")
         bundle = self.data.bundle
         self.task = bundle.task
         self.build_model = make_model_factory(cfg, bundle.input_shape, bundle.task.output_dim, self.device)
         check_model_fits_data(cfg, self.build_model, self.data, self.device)
         self.client_ids = list(range(self.data.num_clients))
+
+        self.run_dir = prepare_run_dir(run_dir, exist_ok=resuming)
+        if not resuming:
+            (self.run_dir / "config.json").write_text(json.dumps(to_plain(cfg), indent=2))
+            self.data.save(self.run_dir / "partition.json")
 
         self.trainer_cls = reg.TRAINERS.get(cfg.trainer.name)
         self.aggregator_cls = reg.AGGREGATORS.get(cfg.aggregator.name)

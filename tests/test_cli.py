@@ -164,3 +164,13 @@ def test_ctrl_c_leaves_a_resumable_run_with_identical_results(tmp_path):
     cut = json.loads((tmp_path / "cut" / "summary.json").read_text())
     whole = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert cut["rounds_completed"] == 6 and cut["final"] == whole["final"] and cut["best"] == whole["best"]
+
+
+def test_rejected_input_leaves_no_run_directory_and_default_names_never_collide(tmp_path):
+    res = fl("run", "--plugin", "fedavg", "--set", f"output_dir={tmp_path}", "--set", "model.name=lenet")
+    assert res.exit_code == 2 and not any(tmp_path.iterdir())
+    for _ in range(2):  # two runs within the same second get distinct directories
+        res = fl("run", "--plugin", "fedavg", "--no-progress", "--set", f"output_dir={tmp_path}",
+                 *TINY_SETS)
+        assert res.exit_code == 0, res.output
+    assert len(list(tmp_path.iterdir())) == 2
