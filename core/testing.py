@@ -32,3 +32,20 @@ def quick_run(algorithm: str, tmp_path: Path, overrides: Optional[Dict[str, Any]
     cfg = tiny_config(algorithm, overrides, sets)
     sim = Simulation(cfg, run_dir=Path(tmp_path) / "run", tensorboard=False, **sim_kwargs)
     return sim.run()
+
+
+def run_capturing_replies(sim: Simulation) -> Dict[int, Dict[int, Dict[str, Any]]]:
+    """Run ``sim`` and return what its aggregator received: round -> client -> fit reply (uploads, counts)."""
+    captured: Dict[int, Dict[int, Dict[str, Any]]] = {}
+    original = sim.server.aggregate_fit
+
+    def spy(rnd, replies):
+        captured[rnd] = dict(replies)
+        return original(rnd, replies)
+
+    sim.server.aggregate_fit = spy
+    try:
+        sim.run()
+    finally:
+        sim.server.aggregate_fit = original
+    return captured

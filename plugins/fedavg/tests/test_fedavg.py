@@ -1,20 +1,12 @@
 import torch
 
 from pflkit.core import Simulation
-from pflkit.core.testing import tiny_config
+from pflkit.core.testing import run_capturing_replies, tiny_config
 
 
 def test_global_model_is_the_sample_weighted_mean_of_uploads(tmp_path):
     sim = Simulation(tiny_config("fedavg", {"rounds": 1}), run_dir=tmp_path / "r", tensorboard=False)
-    seen = {}
-    original = sim.server.aggregate_fit
-
-    def spy(rnd, replies):
-        seen.update(replies)
-        return original(rnd, replies)
-
-    sim.server.aggregate_fit = spy
-    sim.run()
+    seen = run_capturing_replies(sim)[1]
     n = {c: r["num_samples"] for c, r in seen.items()}
     assert len(set(n.values())) > 1  # unequal clients, so weighting matters
     for key, value in sim.server.global_state.items():

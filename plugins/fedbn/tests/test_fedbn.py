@@ -5,7 +5,7 @@ import logging
 import torch
 
 from pflkit.core import Simulation
-from pflkit.core.testing import quick_run, tiny_config
+from pflkit.core.testing import quick_run, run_capturing_replies, tiny_config
 from pflkit_fedbn import FedBNTrainer, local_bn_keys
 from pflkit_fedbn.model import BatchNorm1dAnyBatch, fedbn_cnn
 
@@ -14,16 +14,8 @@ TINY_BN = {"model": {"name": "fedbn_cnn", "channels": [4, 4, 8], "hidden": [16]}
 
 def run_capturing_uploads(tmp_path):
     sim = Simulation(tiny_config("fedbn", TINY_BN), run_dir=tmp_path / "sim", tensorboard=False)
-    uploads = []
-    original = sim.server.aggregate_fit
-
-    def spy(rnd, replies):
-        uploads.extend(set(r["params"]) for r in replies.values())
-        return original(rnd, replies)
-
-    sim.server.aggregate_fit = spy
-    sim.run()
-    return sim, uploads
+    captured = run_capturing_replies(sim)
+    return sim, [set(r["params"]) for replies in captured.values() for r in replies.values()]
 
 
 def test_local_keys_are_all_bn_state():

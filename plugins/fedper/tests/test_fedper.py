@@ -4,23 +4,15 @@ import torch
 from torch import nn
 
 from pflkit.core import ConfigError, Simulation
-from pflkit.core.testing import quick_run, tiny_config
+from pflkit.core.testing import quick_run, run_capturing_replies, tiny_config
 from pflkit_fedper import FedPerTrainer, base_keys
 
 
 def run_capturing_uploads(tmp_path, algorithm="fedper", sets=()):
     """Run a tiny simulation; return it and every fit reply's uploaded keys."""
     sim = Simulation(tiny_config(algorithm, sets=sets), run_dir=tmp_path / "sim", tensorboard=False)
-    uploads = []
-    original = sim.server.aggregate_fit
-
-    def spy(rnd, replies):
-        uploads.extend(set(r["params"]) for r in replies.values())
-        return original(rnd, replies)
-
-    sim.server.aggregate_fit = spy
-    sim.run()
-    return sim, uploads
+    captured = run_capturing_replies(sim)
+    return sim, [set(r["params"]) for replies in captured.values() for r in replies.values()]
 
 
 def test_shared_keys_are_exactly_the_features(tmp_path):
