@@ -133,8 +133,15 @@ class LocalSGDTrainer(ClientTrainer):
         sd = self.model.state_dict()
         return {k: sd[k].detach().clone() for k in self.shared}
 
+    def data_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The data term of ``model``'s objective on one batch. Every objective of a trainer goes through it
+        (``loss`` for ``self.model``; Ditto's personal objective for its personal model), so an algorithm that
+        augments another (core/compose.py; PCFL adds Eq. 14's terms) can add terms to exactly the model it needs.
+        """
+        return self.ctx.task.loss(model(x), y)
+
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.ctx.task.loss(self.model(x), y)
+        return self.data_loss(self.model, x, y)
 
     def local_update(self) -> float:
         self.model.train()

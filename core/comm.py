@@ -5,11 +5,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence
 
-import torch
-
 from .backend import Call, ExecutionBackend
 from .errors import PflError
-from .protocol import Message, first_non_finite, iter_tensors, payload_nbytes
+from .privacy import PrivacyGuard
+from .protocol import Message, first_non_finite, payload_nbytes
 from .seeding import derive_seed
 
 log = logging.getLogger("pflkit")
@@ -32,18 +31,19 @@ class Communicator:
     """Sends server messages to clients through an execution backend.
 
     Every reply is checked before the server sees it: a client whose code raised is skipped (or aborts the run),
-    a reply with NaN/Inf is rejected, and a reply that hands out the client's raw data tensors is refused
-    (privacy boundary). Rejected clients' state is rolled back when ``rollback`` is on.
+    a reply that is not plain data, carries non-scalar metrics or raw samples is refused (``privacy``), and a
+    reply with NaN/Inf is rejected. Rejected clients' state is rolled back when ``rollback`` is on.
+    Server strategies never get this object: they get its ``channel()``, which can only send.
     """
 
     def __init__(self, backend: ExecutionBackend, client_ids: Sequence[int], seed: int,
-                 private_storages: Dict[int, set], on_client_error: str = "skip", rollback: bool = True):
+                 guard: PrivacyGuard, on_client_error: str = "skip", rollback: bool = True):
         self.backend = backend
         self.client_ids = list(client_ids)
         self.seed = seed
         self.on_client_error = on_client_error
         self.rollback_enabled = rollback
-        self._private = private_storages  # cid -> data_ptrs of that client's data tensors
+        self._guard = guard
         self.round = 0
         self._calls = 0
         self.traffic = RoundTraffic()
@@ -82,13 +82,13 @@ class Communicator:
                                       f"('{calls[cid].message.kind}'): {res.error}\n{res.detail}")
                 self._reject(cid, calls[cid].message.kind, f"raised {res.error}", res.detail, accounted)
                 continue
+            leak = self._guard.violation(cid, res.reply)
+            if leak is not None:
+                self._reject(cid, calls[cid].message.kind, leak, "", accounted)
+                continue
             bad = first_non_finite(res.reply)
             if bad is not None:
                 self._reject(cid, calls[cid].message.kind, f"reply field '{bad}' holds NaN/Inf", "", accounted)
-                continue
-            if self._leaks_private_data(cid, res.reply):
-                self._reject(cid, calls[cid].message.kind,
-                             "reply references the client's raw data tensors (privacy boundary)", "", accounted)
                 continue
             if accounted:
                 self.traffic.bytes_up += payload_nbytes(res.reply)
@@ -105,14 +105,39 @@ class Communicator:
         if accounted and self.rollback_enabled:
             self.backend.rollback(cid)
 
-    def _leaks_private_data(self, cid: int, reply: Any) -> bool:
-        private = self._private.get(cid)
-        if not private:
-            return False
-        for t in iter_tensors(reply):
-            try:
-                if t.untyped_storage().data_ptr() in private:
-                    return True
-            except RuntimeError:
-                continue
-        return False
+    def channel(self) -> "ServerChannel":
+        return ServerChannel(self)
+
+
+class ServerChannel:
+    """What server code gets instead of the Communicator: ``send``, the client ids and the round -- no attribute
+    leads to the backend, its trainers or their contexts (the privacy boundary is structural, not a convention).
+    This keeps honest code honest; it is no sandbox against code that digs through closures."""
+
+    __slots__ = ("send", "_meta")
+
+    def __init__(self, comm: Communicator):
+        def send(messages: Dict[int, Message], accounted: bool = True) -> Dict[int, Dict[str, Any]]:
+            """Deliver ``messages`` (cid -> Message); returns cid -> reply for the clients that succeeded."""
+            return comm.send(messages, accounted)
+
+        def meta() -> tuple:
+            return tuple(comm.client_ids), comm.round
+
+        object.__setattr__(self, "send", send)
+        object.__setattr__(self, "_meta", meta)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("the server channel is read-only")
+
+    @property
+    def client_ids(self) -> List[int]:
+        return list(self._meta()[0])
+
+    @property
+    def num_clients(self) -> int:
+        return len(self._meta()[0])
+
+    @property
+    def round(self) -> int:
+        return self._meta()[1]

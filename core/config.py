@@ -8,6 +8,7 @@ did-you-mean instead of being silently ignored.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -16,17 +17,20 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from easydict import EasyDict
 
 from .errors import ConfigError, did_you_mean
-from .params import Param, ParamSpec, non_negative, open_unit_interval, parse_value, positive, ratio_range
+from .params import (Param, ParamSpec, non_negative, open_unit_interval, parse_value, plain_name, positive,
+                     ratio_range, seed_range)
+from . import compose
 from . import registry as reg
 
 # Core keys: sections with fixed keys ------------------------------------------------------------------------
 CORE_SCHEMA: Dict[str, Any] = {
     "algorithm": Param("fedavg", "algorithm plugin: picks the default trainer, aggregator and their defaults"),
-    "seed": Param(0, "seed of every RNG in the run (partition, init, sampling, batches)"),
+    "seed": Param(0, "seed of every RNG in the run (partition, init, sampling, batches)", check=seed_range),
     "rounds": Param(30, "number of communication rounds", check=positive),
     "device": Param("auto", "torch device: auto (cuda when available), cpu, cuda, cuda:N"),
     "output_dir": Param("runs", "folder that receives one sub-folder per run"),
-    "run_name": Param(None, "run sub-folder name (default: <algorithm>-<dataset>-<timestamp>)", type=str),
+    "run_name": Param(None, "run sub-folder name, a plain folder name (default: <algorithm>-<dataset>-<timestamp>)",
+                      type=str, check=plain_name),
     "participation": {
         "join_ratio": Param(1.0, "fraction of clients selected each round", check=open_unit_interval),
         "random_join_ratio": Param(None, "[low, high]: draw each round's join ratio uniformly from this range "
@@ -72,7 +76,7 @@ COMPONENT_SECTIONS: Dict[str, Tuple[reg.Registry, ParamSpec]] = {
         "name": Param("dirichlet", "partitioner name (fl list partitioners)"),
         "num_clients": Param(20, "number of clients", check=positive),
         "seed": Param(None, "seed of the partition and per-client split (default: the run seed); fix it to "
-                            "compare run seeds on one partition", type=int),
+                            "compare run seeds on one partition", type=int, check=seed_range),
     }),
     "model": (reg.MODELS, {
         "name": Param("cnn4", "model name (fl list models)"),
@@ -128,7 +132,13 @@ def load_file(path: str | Path) -> Dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8 TOML or "
+                          f"JSON") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {exc.strerror or exc}") from None
     try:
         if p.suffix == ".json":
             data = json.loads(text)
@@ -205,6 +215,11 @@ def resolve(layers: List[Mapping[str, Any]], algorithm: Optional[str] = None) ->
             algo_defaults[section] = {"name": chosen}
 
     merged = deep_merge(deep_merge(core_defaults(), algo_defaults), user)
+    # an algorithm augmenting another (compose.py): the base algorithm's defaults go beneath the wrapper's own
+    comp = _composition(merged)
+    if comp is not None and comp.wrapped:
+        upper = deep_merge(algo_defaults, user)
+        merged = deep_merge(deep_merge(core_defaults(), _unswitched(compose.base_defaults(comp), upper)), upper)
 
     unknown_top = set(merged) - set(CORE_SCHEMA) - set(COMPONENT_SECTIONS)
     if unknown_top:
@@ -222,10 +237,33 @@ def resolve(layers: List[Mapping[str, Any]], algorithm: Optional[str] = None) ->
             raise ConfigError(f"{section}.name: expected a name, got {name!r}")
         component = registry.get(name)
         spec = dict(common)
-        spec.update(component_params(component))
+        spec.update(compose.section_params(section, component, comp) if comp is not None
+                    else component_params(component))
         out[section] = _validate_section(section + ".", values, spec)
     _check_cross_field(out)
     return EasyDict(out)
+
+
+def _composition(merged: Mapping[str, Any]) -> Optional["compose.Composition"]:
+    """The trainer/aggregator composition of a merged config, or None while its sections are malformed (the
+    section validation then reports them)."""
+    sections = [merged.get(s) for s in compose.SECTIONS]
+    if not all(isinstance(s, Mapping) and isinstance(s.get("name"), str) for s in sections):
+        return None
+    if sections[0]["name"] not in reg.TRAINERS.names() or sections[1]["name"] not in reg.AGGREGATORS.names():
+        return None
+    return compose.composition(merged)
+
+
+def _unswitched(lower: Dict[str, Any], upper: Mapping[str, Any]) -> Dict[str, Any]:
+    """``lower`` without the component sections whose ``name`` ``upper`` switches to another component."""
+    out = dict(lower)
+    for section in COMPONENT_SECTIONS:
+        low, up = out.get(section), upper.get(section)
+        if isinstance(low, Mapping) and isinstance(up, Mapping) and "name" in low and \
+                up.get("name", low["name"]) != low["name"]:
+            out.pop(section)
+    return out
 
 
 def _check_cross_field(cfg: Mapping[str, Any]) -> None:
@@ -235,13 +273,49 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
     for key in ("train_size", "test_size"):
         if split[key] is not None and split[key] <= 0:
             raise ConfigError(f"split.{key}: must be > 0")
-    trainer = reg.TRAINERS.get(cfg["trainer"]["name"])
-    aggregator = reg.AGGREGATORS.get(cfg["aggregator"]["name"])
-    tp, ap = getattr(trainer, "protocol", None), getattr(aggregator, "protocol", None)
+    comp = compose.composition(cfg)  # wrappers resolved: the classes the run will build
+    tp, ap = getattr(comp.trainer, "protocol", None), getattr(comp.aggregator, "protocol", None)
     if tp != ap:
         raise ConfigError(
             f"trainer '{cfg['trainer']['name']}' speaks protocol {tp!r} but aggregator "
             f"'{cfg['aggregator']['name']}' expects {ap!r}; pick a matching pair (fl show NAME tells each protocol)")
+
+
+# Resuming -------------------------------------------------------------------------------------------------
+# Keys a resumed run may change (``fl run --resume DIR --set key=value``): they extend or observe a run without
+# changing what has been computed so far. Every other key is fixed by the checkpoint's configuration hash.
+RESUME_SAFE_KEYS = ("rounds", "eval.every", "eval.final_k", "checkpoint.every", "failures.on_client_error")
+# Where a run lives is not part of what it computes: a run directory may be moved or renamed.
+LOCATION_KEYS = ("output_dir", "run_name")
+
+
+def _flat_keys(tree: Mapping[str, Any], prefix: str = "") -> List[str]:
+    out: List[str] = []
+    for k, v in tree.items():
+        full = f"{prefix}{k}"
+        out += _flat_keys(v, full + ".") if isinstance(v, Mapping) else [full]
+    return out
+
+
+def check_resume_overrides(sets: Mapping[str, Any]) -> None:
+    """Only ``RESUME_SAFE_KEYS`` may be changed on resume; anything else is a ConfigError naming the key."""
+    for key in _flat_keys(sets):
+        if key not in RESUME_SAFE_KEYS:
+            raise ConfigError(f"--set {key}: cannot change on resume (it would change what the run computed so "
+                              f"far); keys that may change: {', '.join(RESUME_SAFE_KEYS)}")
+
+
+def config_fingerprint(cfg: Mapping[str, Any]) -> str:
+    """SHA-256 of the configuration minus the resume-safe and location keys (what a checkpoint must match)."""
+    plain = to_plain(cfg)
+    for key in RESUME_SAFE_KEYS + LOCATION_KEYS:
+        node = plain
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(parts[-1], None)
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
 
 
 def to_plain(cfg: Mapping[str, Any]) -> Dict[str, Any]:

@@ -101,9 +101,37 @@ class FederatedData:
 
     @staticmethod
     def load_splits(path: Path) -> List[ClientSplit]:
-        doc = json.loads(path.read_text())
-        return [ClientSplit(np.asarray(c["train_indices"], dtype=np.int64),
-                            np.asarray(c["test_indices"], dtype=np.int64)) for c in doc["clients"]]
+        """Read a saved partition as data (a damaged file is one clear error; indices are checked on use)."""
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            splits = [ClientSplit(_index_array(c["train_indices"]), _index_array(c["test_indices"]))
+                      for c in doc["clients"]]
+        except (ValueError, TypeError, KeyError, OSError) as exc:
+            raise DataError(f"partition file {path} is corrupt ({type(exc).__name__}: {str(exc)[:120]}); restore "
+                            f"it from a copy") from None
+        if not splits:
+            raise DataError(f"partition file {path} lists no clients")
+        return splits
+
+    def check_indices(self, source: str = "partition") -> None:
+        """Every client index must address a sample of the dataset, and each client needs 2 training samples."""
+        n = len(self.bundle.y)
+        for cid, s in enumerate(self.splits):
+            for part, idx in (("train", s.train), ("test", s.test)):
+                if len(idx) and (idx.min() < 0 or idx.max() >= n):
+                    bad = int(idx.max() if idx.max() >= n else idx.min())
+                    raise DataError(f"{source}: client {cid}'s {part} index {bad} is out of range for a dataset "
+                                    f"of {n} samples")
+            if len(s.train) < 2:
+                raise DataError(f"{source}: client {cid} has {len(s.train)} training samples, it needs at least 2 "
+                                f"(lower split.test_ratio or give the client more data)")
+
+
+def _index_array(values: Any) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError("indices must be a flat list of integers")
+    return arr.astype(np.int64)
 
 
 def split_train_test(indices: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
@@ -159,7 +187,11 @@ def partition_seed(cfg: EasyDict) -> int:
 def load_dataset(cfg: EasyDict) -> DatasetBundle:
     loader = reg.DATASETS.get(cfg.dataset.name)
     args = {k: v for k, v in cfg.dataset.items() if k != "name"}
-    bundle = loader(**args)
+    try:
+        bundle = loader(**args)
+    except (UnicodeDecodeError, OSError, EOFError) as exc:  # unreadable files: the user's input, not a bug
+        raise DataError(f"dataset '{cfg.dataset.name}' cannot be read: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
     if not isinstance(bundle, DatasetBundle):
         raise DataError(f"dataset '{cfg.dataset.name}' returned {type(bundle).__name__}, not a DatasetBundle")
     return bundle
@@ -192,4 +224,9 @@ def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
                                 f"(raise the partitioner's min_size or lower partition.num_clients)")
             splits.append(split_train_test(idx, labels, rng, cfg.split.test_ratio,
                                            cfg.split.train_size, cfg.split.test_size))
-    return FederatedData(bundle, splits)
+        fed = FederatedData(bundle, splits)
+        fed.check_indices("split")
+        return fed
+    fed = FederatedData(bundle, splits)
+    fed.check_indices("saved partition")
+    return fed

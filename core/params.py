@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -51,6 +52,9 @@ class Param:
         if expected is not None and not (isinstance(value, expected) and
                                          not (expected is int and isinstance(value, bool))):
             raise ConfigError(f"{key}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+        bad = _first_non_finite(value)
+        if bad is not None:
+            raise ConfigError(f"{key}: {bad!r} is invalid: must be a finite number")
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, self.choices))}")
         if self.check is not None:
@@ -58,6 +62,23 @@ class Param:
             if reason:
                 raise ConfigError(f"{key}: {value!r} is invalid: {reason}")
         return value
+
+
+def _first_non_finite(value: Any) -> Optional[float]:
+    """NaN or +-Infinity anywhere in a value (JSON's ``Infinity`` parses to a float): never a valid setting."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            bad = _first_non_finite(v)
+            if bad is not None:
+                return bad
+    if isinstance(value, dict):
+        for v in value.values():
+            bad = _first_non_finite(v)
+            if bad is not None:
+                return bad
+    return None
 
 
 # Reusable checks -----------------------------------------------------------------------------------------
@@ -78,11 +99,26 @@ def open_unit_interval(v: Any) -> Optional[str]:
 
 
 def ratio_range(v: Sequence[float]) -> Optional[str]:
-    if len(v) != 2:
-        return "must be a pair [low, high]"
+    if len(v) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return "must be a pair of numbers [low, high]"
     lo, hi = v
     if not (0 < lo <= hi <= 1):
         return "needs 0 < low <= high <= 1"
+    return None
+
+
+SEED_LIMIT = 2 ** 63
+
+
+def seed_range(v: Any) -> Optional[str]:
+    return None if 0 <= v < SEED_LIMIT else "must lie in [0, 2**63)"
+
+
+def plain_name(v: Any) -> Optional[str]:
+    """A single path component: no separators, not '.', '..' or absolute (run directories stay in output_dir)."""
+    text = str(v)
+    if not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text or text.startswith("~"):
+        return "must be a plain folder name (no '/', '\\', '..', '~', not absolute)"
     return None
 
 

@@ -135,7 +135,7 @@ class Registry:
             try:
                 entry.obj = entry._ep.load()  # type: ignore[attr-defined]
                 entry.loaded = True
-            except Exception as exc:  # any import-time failure of a plugin is reported, not raised raw
+            except (Exception, SystemExit) as exc:  # any import-time failure of a plugin is reported, not raised
                 failure = LoadFailure(self.kind, name, entry.dist, f"{type(exc).__name__}: {exc}",
                                       traceback.format_exc())
                 self._failures[name] = failure

@@ -12,7 +12,7 @@ Strategies with more phases (pre-training, cross-client work) override ``setup``
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -40,6 +40,9 @@ class ServerContext:
     seed: int
     logger: Any  # monitor.RunLogger: log_scalar / log_histogram / log_image / log_text
     rng: np.random.Generator = None  # reseeded from (seed, round) before every round
+    # what the experimenter knows about the dataset, never client data: its name, input shape and the loader's
+    # ``meta`` (e.g. a synthetic task's ground truth, for evaluating an algorithm, never for training it)
+    data_info: Dict[str, Any] = field(default_factory=dict)
 
 
 class ServerAggregator:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import shutil
 import signal
 import time
 from datetime import datetime
@@ -14,16 +16,19 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
+from . import compose
 from . import registry as reg
 from .backend import ExecutionBackend, SerialBackend
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_exists, load_checkpoint, remove_orphaned_temporaries, save_checkpoint
 from .client import ClientContext
 from .comm import Communicator
-from .config import to_plain
+from .config import check_resume_overrides, config_fingerprint, deep_merge, to_plain
 from .data import ClientSplit, FederatedData, build_federated_data
 from .errors import CheckpointError, ConfigError, PflError
 from .evaluation import History, per_client_metric, summarize
 from .monitor import RunLogger
+from .privacy import PrivacyGuard
+from .rundir import RunDirLock
 from .seeding import derive_seed, rng_state, seed_everything, set_rng_state
 from .server import ServerContext
 
@@ -96,6 +101,8 @@ def default_run_dir(cfg: EasyDict) -> Path:
 
 
 def prepare_run_dir(path: Path, exist_ok: bool = False) -> Path:
+    if exist_ok and not path.is_dir():
+        raise CheckpointError(f"{path} is not a run directory")
     try:
         path.mkdir(parents=True, exist_ok=exist_ok)
     except FileExistsError as exc:
@@ -106,6 +113,17 @@ def prepare_run_dir(path: Path, exist_ok: bool = False) -> Path:
     if not os.access(path, os.W_OK):
         raise CheckpointError(f"run directory {path} is not writable")
     return path
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with NaN/Infinity replaced by null, so the file is strict JSON (other tools reject bare NaN)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
 
 
 class RunFailure(PflError):
@@ -143,18 +161,19 @@ class Simulation:
 
     def __init__(self, cfg: EasyDict, run_dir: Optional[Path] = None, backend: Optional[ExecutionBackend] = None,
                  data: Optional[FederatedData] = None, _resume_state: Optional[Dict[str, Any]] = None,
-                 progress: bool = False, tensorboard: bool = True):
+                 progress: bool = False, tensorboard: bool = True, _restart: bool = False):
         self.cfg = cfg
         self.progress = progress
         self.device = resolve_device(cfg.device)
         resuming = _resume_state is not None
+        reuse_dir = resuming or _restart  # _restart: a run that died before its first checkpoint starts over
         run_dir = Path(run_dir) if run_dir else default_run_dir(cfg)
         seed_everything(cfg.seed)
 
         # data and model are checked before anything is written, so bad input leaves no run directory behind;
         # a resumed run reloads its saved partition
         splits = None
-        if resuming and (run_dir / "partition.json").exists():
+        if reuse_dir and (run_dir / "partition.json").exists():
             splits = FederatedData.load_splits(run_dir / "partition.json")
         self.data = data if data is not None else build_federated_data(cfg, splits=splits)
         bundle = self.data.bundle
@@ -163,22 +182,49 @@ class Simulation:
         check_model_fits_data(cfg, self.build_model, self.data, self.device)
         self.client_ids = list(range(self.data.num_clients))
 
-        self.run_dir = prepare_run_dir(run_dir, exist_ok=resuming)
-        if not resuming:
-            (self.run_dir / "config.json").write_text(json.dumps(to_plain(cfg), indent=2))
-            self.data.save(self.run_dir / "partition.json")
+        self.run_dir = prepare_run_dir(run_dir, exist_ok=reuse_dir)
+        self._created_dir = not reuse_dir
+        self._lock = RunDirLock(self.run_dir)
+        try:
+            self._lock.acquire()
+            remove_orphaned_temporaries(self.run_dir)
+            if _restart:
+                for name in ("metrics.jsonl", "summary.json"):
+                    (self.run_dir / name).unlink(missing_ok=True)
+                shutil.rmtree(self.run_dir / "tb", ignore_errors=True)
+            if not resuming:
+                (self.run_dir / "config.json").write_text(json.dumps(to_plain(cfg), indent=2))
+                self.data.save(self.run_dir / "partition.json")
+            self._start(cfg, backend, _resume_state, tensorboard)
+        except BaseException:
+            self.abandon()
+            raise
 
-        self.trainer_cls = reg.TRAINERS.get(cfg.trainer.name)
-        self.aggregator_cls = reg.AGGREGATORS.get(cfg.aggregator.name)
+    def abandon(self) -> None:
+        """Give the run directory up after a failed start: release the lock and, when this start created the
+        directory and no checkpoint exists yet, remove it (a failed start leaves nothing half-made behind)."""
+        logger = getattr(self, "logger", None)
+        if logger is not None:
+            logger.close()
+        self._lock.release()
+        if self._created_dir and not checkpoint_exists(self.run_dir):
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _start(self, cfg: EasyDict, backend: Optional[ExecutionBackend], _resume_state: Optional[Dict[str, Any]],
+               tensorboard: bool) -> None:
+        resuming = _resume_state is not None
+
+        composition = compose.composition(cfg)  # an augmenting algorithm (PCFL(FedAvg), ...) is composed here
+        self.trainer_cls, self.aggregator_cls = composition.trainer, composition.aggregator
         trainer_hp = EasyDict({k: v for k, v in cfg.trainer.items() if k != "name"})
         self._trainer_hp = trainer_hp
 
-        # clients: each context holds that client's tensors only
-        self._private: Dict[int, set] = {}
+        # clients: each context holds that client's tensors only; the guard fingerprints them once
+        self.guard = PrivacyGuard()
         self.contexts: Dict[int, ClientContext] = {}
         for cid in self.client_ids:
             train, test = self.data.client_tensors(cid, self.device)
-            self._private[cid] = {t.untyped_storage().data_ptr() for t in (train.x, train.y, test.x, test.y)}
+            self.guard.register(cid, [train.x, test.x], [train.y, test.y])
             self.contexts[cid] = ClientContext(
                 cid=cid, train=train, test=test, task=self.task, device=self.device, hp=trainer_hp,
                 train_cfg=cfg.train, build_model=self.build_model, num_clients=len(self.client_ids), seed=cfg.seed)
@@ -194,13 +240,17 @@ class Simulation:
         self.server_ctx = ServerContext(
             hp=EasyDict({k: v for k, v in cfg.aggregator.items() if k != "name"}), cfg=cfg, task=self.task,
             num_clients=len(self.client_ids), build_model=self.build_model, shared_keys=shared_keys,
-            device=self.device, seed=cfg.seed, logger=self.logger, rng=np.random.default_rng(cfg.seed))
+            device=self.device, seed=cfg.seed, logger=self.logger, rng=np.random.default_rng(cfg.seed),
+            data_info={"dataset": cfg.dataset.name, "input_shape": tuple(self.data.bundle.input_shape),
+                       "meta": self.data.bundle.meta})
         self.server = self.aggregator_cls(self.server_ctx)
-        self.comm = Communicator(self.backend, self.client_ids, cfg.seed, self._private,
+        self.comm = Communicator(self.backend, self.client_ids, cfg.seed, self.guard,
                                  cfg.failures.on_client_error, cfg.failures.rollback)
+        self.channel = self.comm.channel()  # all the server strategy gets: it can send, nothing more
         self.history = History(self.task.metric_name, self.task.higher_is_better)
         self.completed_round = 0
         self.setup_done = False
+        self.setup_calls = 0  # messages sent during set-up so far (resumed set-up continues their seeds)
         self.totals = {"bytes_up": 0, "bytes_down": 0, "failures": 0}
         self.failures: List[Dict[str, Any]] = []
         if resuming:
@@ -210,25 +260,67 @@ class Simulation:
 
     # -- resume ------------------------------------------------------------------------------------------------
     @classmethod
-    def resume(cls, run_dir: Path, **kwargs) -> "Simulation":
+    def resume(cls, run_dir: Path, overrides: Optional[Dict[str, Any]] = None, **kwargs) -> "Simulation":
+        """Continue the run in ``run_dir`` from its checkpoint; ``overrides`` may change resume-safe keys only.
+
+        The checkpoint must match ``config.json`` (its header holds the configuration's hash), so an edited
+        configuration or a checkpoint copied from another run is refused. A run that died before its first
+        checkpoint starts again from round 0 in the same directory, with its saved configuration and partition.
+        """
         from .config import resolve
 
         run_dir = Path(run_dir)
         cfg_path = run_dir / "config.json"
-        if not cfg_path.exists():
+        if not run_dir.is_dir() or not cfg_path.is_file():
             raise CheckpointError(f"{run_dir} is not a run directory (no config.json)")
-        state = load_checkpoint(run_dir)
         try:
-            saved = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{cfg_path} is corrupt: {exc}") from exc
-        cfg = resolve([saved])
-        return cls(cfg, run_dir=run_dir, _resume_state=state, **kwargs)
+            saved = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as exc:
+            raise CheckpointError(f"{cfg_path} is corrupt ({exc}); restore it from a copy") from None
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"{cfg_path} is corrupt (not a JSON object); restore it from a copy")
+        overrides = dict(overrides or {})
+        check_resume_overrides(overrides)
+        cfg = resolve([deep_merge(saved, overrides)])
+        if not checkpoint_exists(run_dir):
+            log.warning("%s has no checkpoint (the run stopped before its first one): starting it again from "
+                        "round 0 with its saved configuration and partition", run_dir)
+            sim = cls(cfg, run_dir=run_dir, _restart=True, **kwargs)
+            sim._record_resume(overrides, 0)
+            return sim
+        header, state = load_checkpoint(run_dir)
+        if header.get("config_sha256") != config_fingerprint(cfg):
+            raise CheckpointError(
+                f"{cfg_path} does not match {run_dir / 'checkpoint.pt'} (checkpoint of algorithm "
+                f"'{header.get('algorithm')}' after round {header.get('round')}): the configuration was edited "
+                f"after the checkpoint was written, or the checkpoint belongs to another run. Restore the original "
+                f"config.json; change only resume-safe keys, with --set on the resume command")
+        done = int(header.get("round", 0))
+        if cfg.rounds < done:
+            raise ConfigError(f"rounds: {cfg.rounds} is invalid: the run has already completed {done} rounds")
+        threads = header.get("torch_threads")
+        if threads is not None and threads != torch.get_num_threads():
+            log.warning("this run was checkpointed with %s torch threads and resumes with %s: numbers will differ "
+                        "from an uninterrupted run from round %d on (set OMP_NUM_THREADS=%s to match)",
+                        threads, torch.get_num_threads(), done + 1, threads)
+        sim = cls(cfg, run_dir=run_dir, _resume_state=state, **kwargs)
+        sim._record_resume(overrides, done)
+        return sim
+
+    def _record_resume(self, overrides: Dict[str, Any], from_round: int) -> None:
+        """Keep the run directory truthful: config.json holds the values in force, resumes.jsonl the history."""
+        if overrides:
+            (self.run_dir / "config.json").write_text(json.dumps(to_plain(self.cfg), indent=2))
+        entry = {"time": datetime.now().isoformat(timespec="seconds"), "from_round": from_round,
+                 "overrides": overrides, "torch_threads": torch.get_num_threads()}
+        with (self.run_dir / "resumes.jsonl").open("a") as f:
+            f.write(json.dumps(entry) + "\n")
 
     def _state(self) -> Dict[str, Any]:
         return {
             "round": self.completed_round,
             "setup_done": self.setup_done,
+            "setup_calls": self.setup_calls,
             "server": self.server.state_dict(),
             "clients": {cid: self.backend.get_state(cid) for cid in self.client_ids},
             "history": self.history.state_dict(),
@@ -238,20 +330,37 @@ class Simulation:
         }
 
     def _restore(self, state: Dict[str, Any]) -> None:
+        path = self.run_dir / "checkpoint.pt"
+        try:
+            self._load_state(state)
+        except PflError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
+            raise CheckpointError(f"checkpoint {path} does not fit this run ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); it was written by "
+                                  f"another algorithm or pflkit version") from None
+
+    def _load_state(self, state: Dict[str, Any]) -> None:
         if set(state["clients"]) != set(self.client_ids):
-            raise CheckpointError("checkpoint clients do not match the run's partition")
+            raise CheckpointError(f"checkpoint {self.run_dir / 'checkpoint.pt'} does not fit this run: its clients "
+                                  f"do not match the run's partition")
         self.server.load_state_dict(state["server"])
         for cid, cstate in state["clients"].items():
             self.backend.set_state(cid, cstate)
         self.history.load_state_dict(state["history"])
         self.completed_round = int(state["round"])
         self.setup_done = bool(state["setup_done"])
+        self.setup_calls = int(state.get("setup_calls", 0))
         self.totals = dict(state["totals"])
         self.failures = list(state["failures"])
         set_rng_state(state["rng"])
 
     def checkpoint(self) -> None:
-        save_checkpoint(self.run_dir, self._state())
+        meta = {"config_sha256": config_fingerprint(self.cfg), "algorithm": self.cfg.algorithm,
+                "trainer": self.cfg.trainer.name, "aggregator": self.cfg.aggregator.name,
+                "round": self.completed_round, "num_clients": len(self.client_ids),
+                "torch_threads": torch.get_num_threads()}
+        save_checkpoint(self.run_dir, self._state(), meta)
 
     # -- rounds ------------------------------------------------------------------------------------------------
     def select_clients(self, rnd: int) -> List[int]:
@@ -269,6 +378,11 @@ class Simulation:
     def evaluate_all(self, rnd: int) -> Dict[str, float]:
         messages = self.server.configure_evaluate(rnd, self.client_ids)
         results = self.comm.send(messages, accounted=False)
+        if messages and not results:
+            failures = self.comm.traffic.failures
+            first = (f"; first failure: client {failures[-1]['client']} {failures[-1]['reason']}"
+                     if failures else "")
+            raise RunFailure(f"every client failed evaluation in round {rnd}{first} (run with -v for tracebacks)")
         summary = summarize(results, self.task.metric_name)
         metrics = per_client_metric(results)
         if metrics:
@@ -282,7 +396,7 @@ class Simulation:
         seed_everything(derive_seed(self.cfg.seed, "server-torch", rnd))
         selected = self.select_clients(rnd)
         start = time.perf_counter()
-        self.server.run_round(rnd, selected, self.comm)
+        self.server.run_round(rnd, selected, self.channel)
         failures = self.comm.traffic.failures
         if failures and not self.comm.traffic.train_replies and len({f["client"] for f in failures}) >= len(selected):
             raise RunFailure(f"every selected client failed in round {rnd}; first failure: client "
@@ -323,9 +437,10 @@ class Simulation:
         self.logger.log_scalars({k: v for k, v in record.items() if isinstance(v, (int, float))})
         return self.logger.end_round()
 
-    def run(self, stop_after: Optional[int] = None, on_round: Optional[Callable[[Dict[str, Any]], None]] = None
-            ) -> Dict[str, Any]:
-        """Run the remaining rounds (``stop_after``: pause after that round, as an interrupt would)."""
+    def run(self, stop_after: Optional[int] = None, on_round: Optional[Callable[[Dict[str, Any]], None]] = None,
+            stop_in_setup: Optional[int] = None) -> Dict[str, Any]:
+        """Run the remaining rounds (``stop_after``: pause after that round, as an interrupt would;
+        ``stop_in_setup``: pause after that many resumable set-up steps)."""
         cfg = self.cfg
         bar = None
         if self.progress:
@@ -333,14 +448,12 @@ class Simulation:
             bar = tqdm(total=cfg.rounds, initial=self.completed_round, desc=f"{cfg.algorithm}", unit="round",
                        dynamic_ncols=True, disable=None)  # None: no bar when stderr is not a terminal
         interrupted = False
+        failed = True
         try:
             with _GracefulInterrupt() as stop:
                 if not self.setup_done:
-                    self.logger.set_step(0)
-                    self.comm.begin_round(0)
-                    self.server.setup(self.comm)
-                    self.setup_done = True
-                for rnd in range(self.completed_round + 1, cfg.rounds + 1):
+                    interrupted = not self._run_setup(stop, stop_in_setup)
+                for rnd in ([] if interrupted else range(self.completed_round + 1, cfg.rounds + 1)):
                     record = self.run_round(rnd)
                     self.completed_round = rnd
                     if bar is not None:
@@ -355,14 +468,59 @@ class Simulation:
                     if pause and not last:
                         interrupted = True
                         break
+            failed = False
         finally:
             if bar is not None:
                 bar.close()
             self.logger.close()
-        result = self.summary()
-        result["interrupted"] = interrupted
-        (self.run_dir / "summary.json").write_text(json.dumps(result, indent=2))
+            if failed:
+                self.abandon()  # removes the directory only if this start created it and nothing was saved
+        try:
+            result = self.summary()
+            result["interrupted"] = interrupted
+            (self.run_dir / "summary.json").write_text(json.dumps(strict_json(result), indent=2, allow_nan=False))
+        finally:
+            self._lock.release()
         return result
+
+    def _run_setup(self, stop: "_GracefulInterrupt", pause_after: Optional[int]) -> bool:
+        """The set-up phase (round 0); True once complete, False when paused.
+
+        A strategy either has ``setup(channel)``, called once, or ``setup_steps(channel)``: a generator that yields
+        after each resumable unit of work (e.g. a block of pre-training steps), keeping its progress in its own
+        ``state_dict``. A checkpoint follows every yielded step (when ``checkpoint.every`` > 0, and always before a
+        pause); Ctrl-C or ``pause_after`` steps stop between two steps, and a resumed run calls ``setup_steps``
+        again, which continues from the saved progress. Set-up messages are numbered continuously across a
+        resume, so clients get the same seeds as in an uninterrupted run. Set-up traffic counts in the totals.
+        """
+        self.logger.set_step(0)
+        self.comm.begin_round(0)
+        self.comm._calls = self.setup_calls
+        steps_fn = getattr(self.server, "setup_steps", None)
+        if not callable(steps_fn):
+            self.server.setup(self.channel)
+        else:
+            for n, _ in enumerate(steps_fn(self.channel), start=1):
+                self._take_setup_traffic()
+                pause = stop.requested or (pause_after is not None and n >= pause_after)
+                if pause or self.cfg.checkpoint.every:
+                    self.checkpoint()
+                if pause:
+                    return False
+        self._take_setup_traffic()
+        self.setup_done = True
+        return True
+
+    def _take_setup_traffic(self) -> None:
+        """Move the set-up traffic so far into the run totals (set-up has no per-round record of its own)."""
+        traffic = self.comm.traffic
+        self.setup_calls = self.comm._calls
+        self.totals["bytes_up"] += traffic.bytes_up
+        self.totals["bytes_down"] += traffic.bytes_down
+        self.totals["failures"] += len(traffic.failures)
+        self.failures.extend(traffic.failures)
+        traffic.bytes_up = traffic.bytes_down = 0
+        traffic.failures = []
 
     def _postfix(self, record: Dict[str, Any]) -> Dict[str, str]:
         m = self.task.metric_name

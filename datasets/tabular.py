@@ -56,8 +56,13 @@ def load_csv(root: Optional[str] = None, download: bool = True, path: Optional[s
     if not file.is_file():
         raise DataError(f"dataset 'csv': file '{file}' does not exist (dataset.path, relative to dataset.root)")
     missing_set = {m.strip() for m in (missing_values if missing_values is not None else ["?", ""])}
-    with open(file, newline="") as fh:
-        rows = [[c.strip() for c in r] for r in csv.reader(fh, skipinitialspace=True) if any(c.strip() for c in r)]
+    try:
+        with open(file, newline="", encoding="utf-8") as fh:
+            rows = [[c.strip() for c in r] for r in csv.reader(fh, skipinitialspace=True)
+                    if any(c.strip() for c in r)]
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"dataset 'csv': '{file}' is not a UTF-8 CSV text file ({type(exc).__name__}: "
+                        f"{str(exc)[:100]})") from None
     if header:
         if not rows:
             raise DataError(f"dataset 'csv': '{file}' is empty")

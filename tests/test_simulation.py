@@ -129,7 +129,8 @@ def test_reply_exposing_raw_data_is_refused(tmp_path, faulty_trainers):
 
 def test_server_context_holds_no_client_data(tmp_path):
     sim = Simulation(tiny_config("fedavg"), run_dir=tmp_path / "r", tensorboard=False)
-    private = set().union(*sim._private.values())
+    private = {t.untyped_storage().data_ptr() for c in sim.contexts.values()
+               for t in (c.train.x, c.train.y, c.test.x, c.test.y)}
 
     def tensors(obj, depth=0):
         if isinstance(obj, torch.Tensor):

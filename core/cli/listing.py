@@ -5,8 +5,9 @@ from typing import Any, Dict, Optional
 
 import click
 
+from .. import compose
 from .. import registry as reg
-from ..config import CORE_SCHEMA, COMPONENT_SECTIONS, component_params
+from ..config import CORE_SCHEMA, COMPONENT_SECTIONS, component_params, deep_merge
 from ..params import Param
 from .common import friendly_errors
 
@@ -55,13 +56,29 @@ def show_command(name: str) -> None:
         click.echo(f"algorithm {name}: {algo.description}")
         if algo.paper:
             click.echo(f"paper: {algo.paper}")
+        # an algorithm augmenting another (core/compose.py) is shown composed with its default base
+        objs = {"trainer": reg.TRAINERS.get(algo.trainer), "aggregator": reg.AGGREGATORS.get(algo.aggregator)}
+        section_of_base = compose.base_section(objs["trainer"], objs["aggregator"])
+        base = (defaults.get(section_of_base) or {}).get(compose.BASE_KEY) if section_of_base else None
+        compo = compose.compose(objs["trainer"], objs["aggregator"], base)
+        if compo.wrapped:
+            defaults = deep_merge(compose.base_defaults(compo), defaults)
+            defaults.setdefault(compo.section, {}).setdefault(compose.BASE_KEY, compo.base)
         for section, comp_name in (("trainer", algo.trainer), ("aggregator", algo.aggregator)):
-            registry = COMPONENT_SECTIONS[section][0]
-            comp = registry.get(comp_name)
-            click.echo(f"\n{section} '{comp_name}' (protocol {getattr(comp, 'protocol', '?')!r}): "
+            comp = objs[section]
+            built = compo.trainer if section == "trainer" else compo.aggregator
+            wraps = ""
+            if section in compo.wraps:
+                base_algo = reg.ALGORITHMS.get(compo.base)
+                wraps = f" over {section} '{getattr(base_algo, section)}' of base algorithm '{compo.base}'"
+            click.echo(f"\n{section} '{comp_name}'{wraps} (protocol {getattr(built, 'protocol', '?')!r}): "
                        f"{reg.describe(comp)}")
-            lines = _param_lines(component_params(comp), f"{section}.", defaults.get(section, {}))
+            lines = _param_lines(compose.section_params(section, comp, compo), f"{section}.",
+                                 defaults.get(section, {}))
             click.echo("\n".join(lines) if lines else "  (no options)")
+        if compo.wrapped:
+            click.echo(f"\nbase algorithms it can wrap ({compo.section}.{compose.BASE_KEY}; their defaults apply "
+                       f"beneath this algorithm's): {', '.join(compose.allowed_bases(objs['trainer'], objs['aggregator']))}")
         other = {k: v for k, v in defaults.items() if k not in ("trainer", "aggregator")}
         if other:
             click.echo("\nother defaults this algorithm sets:")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -10,6 +11,8 @@ import click
 from ..config import load_file, parse_sets, resolve
 from ..errors import ConfigError
 from .common import friendly_errors
+
+INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C
 
 
 def format_summary(result: Dict[str, Any]) -> str:
@@ -43,7 +46,8 @@ def format_summary(result: Dict[str, Any]) -> str:
 @click.option("--set", "-s", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override one config key, e.g. --set train.lr=0.01 (repeatable).")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
-              help="Continue the interrupted run in this run directory.")
+              help="Continue the interrupted run in this run directory (--set may change rounds, eval.every, "
+                   "eval.final_k, checkpoint.every, failures.on_client_error).")
 @click.option("--no-progress", is_flag=True, help="Do not draw the progress bar.")
 @friendly_errors
 def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[str, ...],
@@ -51,26 +55,35 @@ def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[s
     """Run a federated experiment (Ctrl-C stops after the current round and leaves a resumable run)."""
     from ..simulation import Simulation
 
-    if resume_dir:
-        if plugin or config_file or sets:
-            raise ConfigError("--resume continues a run with its saved config; do not combine it with "
-                              "--plugin, --config or --set")
-        sim = Simulation.resume(Path(resume_dir), progress=not no_progress)
-        click.echo(f"resuming {sim.run_dir} after round {sim.completed_round}")
-    else:
-        layers = []
-        if config_file:
-            layers.append(load_file(config_file))
-        layers.append(parse_sets(sets))
-        if plugin is None and not any("algorithm" in layer for layer in layers):
-            raise ConfigError("name an algorithm: fl run --plugin NAME (fl list algorithms shows them)")
-        cfg = resolve(layers, algorithm=plugin)
-        sim = Simulation(cfg, progress=not no_progress)
-        click.echo(f"run directory: {sim.run_dir}")
-    result = sim.run()
+    try:
+        if resume_dir:
+            if plugin or config_file:
+                raise ConfigError("--resume continues a run with its saved config; do not combine it with "
+                                  "--plugin or --config (--set may change resume-safe keys such as rounds)")
+            sim = Simulation.resume(Path(resume_dir), overrides=parse_sets(sets), progress=not no_progress)
+            click.echo(f"resuming {sim.run_dir} after round {sim.completed_round}")
+        else:
+            layers = []
+            if config_file:
+                layers.append(load_file(config_file))
+            layers.append(parse_sets(sets))
+            if plugin is None and not any("algorithm" in layer for layer in layers):
+                raise ConfigError("name an algorithm: fl run --plugin NAME (fl list algorithms shows them)")
+            cfg = resolve(layers, algorithm=plugin)
+            sim = Simulation(cfg, progress=not no_progress)
+            click.echo(f"run directory: {sim.run_dir}")
+    except KeyboardInterrupt:
+        click.echo("interrupted during start-up; nothing was run", err=True)
+        sys.exit(INTERRUPTED)
+    try:
+        result = sim.run()
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, the last checkpoint stays usable
+        click.echo(f"stopped; continue from the last checkpoint with:\n  fl run --resume {sim.run_dir}", err=True)
+        sys.exit(INTERRUPTED)
     click.echo(format_summary(result))
+    click.echo(f"metrics: {sim.run_dir / 'metrics.jsonl'}\n"
+               f"watch in TensorBoard: tensorboard --logdir {sim.run_dir / 'tb'}")
     if result.get("interrupted"):
         click.echo(f"interrupted after round {result['rounds_completed']}; continue with:\n"
                    f"  fl run --resume {sim.run_dir}")
-    click.echo(f"metrics: {sim.run_dir / 'metrics.jsonl'}\n"
-               f"watch in TensorBoard: tensorboard --logdir {sim.run_dir / 'tb'}")
+        sys.exit(INTERRUPTED)  # so that 'fl run ... && next' stops

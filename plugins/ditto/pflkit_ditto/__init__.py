@@ -62,7 +62,7 @@ class DittoTrainer(LocalSGDTrainer):
         anchors = [p.detach() for p in self._global_params]
 
         def objective(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # Eq. 2, h_k(v; w^t)
-            return (self.ctx.task.loss(self.personal(x), y)
+            return (self.data_loss(self.personal, x, y)
                     + 0.5 * hp.lam * proximal_term(self._personal_params, anchors))
 
         epochs = hp.personal_epochs if hp.get("personal_epochs") is not None else cfg.local_epochs
