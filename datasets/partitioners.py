@@ -69,11 +69,15 @@ dirichlet.params = {
 
 
 def pathological(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups=None,
-                 classes_per_client: int = 2, balance: bool = True) -> List[np.ndarray]:
+                 classes_per_client: int = 2, balance: bool = True,
+                 size_sigma: Optional[float] = None) -> List[np.ndarray]:
     """Each client holds ``classes_per_client`` classes; each class is divided among the clients holding it.
 
     Classes are dealt round-robin over a shuffled class order, so every class is used and every client gets
     exactly ``classes_per_client`` distinct classes (when there are at least that many classes).
+    ``size_sigma`` (PCFL's "K clients, S classes each, log-normal sizes"): client k draws w_k ~ LogNormal(0, sigma)
+    and every class is divided among its holders in proportion to their w_k, so client sizes are log-normally
+    spread; it takes precedence over ``balance``.
     """
     classes = np.unique(labels)
     if classes_per_client > len(classes):
@@ -86,11 +90,16 @@ def pathological(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
             holders[int(order[slot % len(order)])].append(client)
             slot += 1
     parts: List[List[np.ndarray]] = [[] for _ in range(num_clients)]
+    weight = rng.lognormal(0.0, size_sigma, num_clients) if size_sigma is not None else None
     for c, owners in holders.items():
         idx = rng.permutation(np.flatnonzero(labels == c))
         if not owners:
             continue
-        if balance:
+        if weight is not None:
+            w = weight[owners]
+            cuts = (np.cumsum(w / w.sum())[:-1] * len(idx)).astype(int)
+            chunks = np.split(idx, cuts)
+        elif balance:
             chunks = np.array_split(idx, len(owners))
         else:
             props = rng.uniform(0.5, 1.5, len(owners))
@@ -108,6 +117,9 @@ def pathological(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
 pathological.params = {
     "classes_per_client": Param(2, "distinct classes per client", check=positive),
     "balance": Param(True, "split each class equally among its holders (else random sizes)"),
+    "size_sigma": Param(None, "log-normal client sizes: each class is split among its holders in proportion to "
+                              "w_k ~ LogNormal(0, size_sigma) (PCFL's CIFAR-10/FEMNIST setting); null = off",
+                        type=float, check=lambda v: None if v > 0 else "must be > 0 (or null for off)"),
 }
 
 

@@ -1,0 +1,458 @@
+"""PCFL (Algorithm 2, Eq. 9-14) on tiny inputs: composition with each base, set-up resume, overlaps, synthetic
+sampling, routing and averaging of the overlap term, byte accounting, privacy, bad input, end to end."""
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pflkit.core import Message, Simulation, payload_nbytes
+from pflkit.core.backend import SerialBackend
+from pflkit.core.cli.main import cli
+from pflkit.core.config import parse_sets, resolve
+from pflkit_ditto import DittoTrainer
+from pflkit_fedavg import FedAvgTrainer
+from pflkit_fedrep import FedRepTrainer
+from pflkit_local import LocalTrainer
+from pflkit_pcfl import PcflClientMixin, PcflServerMixin
+from pflkit_pcfl.equations import average_overlap_terms, default_latent_dim, overlap_indices, sample_unshared
+from pflkit_pcfl.hull import build_region
+from pflkit_pcfl.synthetic_eval import FIGURE_NAME, truth_counts
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def pcfl_cfg(layer, sets=()):
+    return resolve([layer, parse_sets(list(sets))], algorithm="pcfl")
+
+
+class RecordingBackend(SerialBackend):
+    """The serial backend, remembering every (client, message, reply) it carried."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def execute(self, calls, snapshot=False):
+        results = super().execute(calls, snapshot)
+        for cid in sorted(calls):
+            self.log.append((cid, calls[cid].message, results[cid].reply))
+        return results
+
+
+def run_sim(tmp_path, layer, sets=(), name="run", **kw):
+    sim = Simulation(pcfl_cfg(layer, sets), run_dir=Path(tmp_path) / name, tensorboard=False, **kw)
+    return sim, sim.run()
+
+
+# -- composition -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("base, base_cls, protocol", [("local", LocalTrainer, "local"),
+                                                      ("fedavg", FedAvgTrainer, "global-model"),
+                                                      ("fedrep", FedRepTrainer, "global-model"),
+                                                      ("ditto", DittoTrainer, "global-model")])
+def test_pcfl_wraps_each_base_end_to_end(tmp_path, tiny_sine, base, base_cls, protocol):
+    sim, out = run_sim(tmp_path, tiny_sine, [f"trainer.base={base}"] +
+                       (["trainer.head_epochs=1"] if base == "fedrep" else []))
+    assert issubclass(sim.trainer_cls, PcflClientMixin) and issubclass(sim.trainer_cls, base_cls)
+    assert issubclass(sim.aggregator_cls, PcflServerMixin)
+    assert sim.trainer_cls.protocol == sim.aggregator_cls.protocol == "pcfl/" + protocol
+    assert out["rounds_completed"] == 2 and out["client_failures"] == 0
+    assert np.isfinite(out["final"]["uniform"])
+    assert sim.server.flow_step == 4 and sim.server.regions_done
+
+
+def test_base_defaults_apply_beneath_pcfl():
+    cfg = pcfl_cfg({}, ["trainer.base=fedrep"])
+    assert cfg.trainer.head_epochs == 10          # FedRep's default
+    assert cfg.train.local_epochs == 15           # PCFL's default over FedRep's 1
+    assert cfg.participation.join_ratio == 0.1 and cfg.rounds == 200
+    assert cfg.trainer.alpha == cfg.trainer.beta == 0.5
+    assert pcfl_cfg({}).trainer.base == "local"   # the authors' synthetic run is PCFL(local)
+
+
+# -- set-up: flow pre-training, regions; resumable --------------------------------------------------------------
+def _server_state(sim):
+    return sim.server.state_dict()["pcfl"]
+
+
+@pytest.mark.parametrize("pause", [1, 2, 3])  # inside pre-training, after it (before regions), after set-up
+def test_setup_resumes_with_identical_numbers(tmp_path, tiny_sine, pause):
+    whole, ref = run_sim(tmp_path, tiny_sine, name="whole")
+    first = Simulation(pcfl_cfg(tiny_sine), run_dir=tmp_path / "cut", tensorboard=False).run(stop_in_setup=pause)
+    assert first["interrupted"] and first["rounds_completed"] == 0
+    sim = Simulation.resume(tmp_path / "cut", tensorboard=False)
+    assert sim.server.flow_step == min(2 * pause, 4)
+    out = sim.run()
+    assert out["final"] == ref["final"] and out["bytes_up_total"] == ref["bytes_up_total"]
+    assert out["bytes_down_total"] == ref["bytes_down_total"]
+    for key, value in _server_state(whole)["flow"].items():
+        assert torch.equal(value, _server_state(sim)["flow"][key])
+    assert torch.equal(whole.server.counts, sim.server.counts)
+    for cid in whole.client_ids:
+        a, b = whole.backend.get_state(cid)["pcfl"], sim.backend.get_state(cid)["pcfl"]
+        assert torch.equal(a["syn_x"], b["syn_x"]) and a["overlaps"].keys() == b["overlaps"].keys()
+    rows = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert "pcfl/overlap_precision" in rows[0]  # the set-up report reaches round 1's record even after a pause
+
+
+def test_flow_training_reduces_both_losses(tmp_path, tiny_sine):
+    tiny_sine["aggregator"].update({"flow_epochs": 40, "setup_block": 40})
+    first = {}
+    sim = Simulation(pcfl_cfg(tiny_sine, ["rounds=1"]), run_dir=tmp_path / "r", tensorboard=False)
+    original = sim.server._flow_step
+
+    def spy(comm, total):
+        step = sim.server.flow_step
+        original(comm, total)
+        phase = "recon" if step < total / 2 else "nll"
+        first.setdefault(phase, sim.server.report[f"flow_{phase}"])
+
+    sim.server._flow_step = spy
+    sim.run()
+    report = sim.server.report
+    assert report["flow_recon"] < first["recon"] and report["flow_nll"] < first["nll"]
+
+
+# -- Eq. 10 and 12, unit level -------------------------------------------------------------------------------------
+def test_overlap_indices_and_labels():
+    square = build_region(np.array([[0, 0], [1, 0], [0, 1], [1, 1.0]]), None)
+    codes = np.array([[0.5, 0.5], [2, 2], [0.1, 0.9], [-0.1, 0.5]])
+    assert overlap_indices(square, codes).tolist() == [0, 2]
+    assert overlap_indices(square, np.zeros((0, 2))).numel() == 0
+    per_label = build_region(np.array([[0, 0], [1, 0], [0, 1.0], [5, 5], [6, 5], [5, 6.0]]),
+                             np.array([0, 0, 0, 1, 1, 1]))
+    # a code inside label 1's hull counts only for a sample of label 1
+    pts = np.array([[5.2, 5.2], [5.2, 5.2], [0.2, 0.2]])
+    assert overlap_indices(per_label, pts, np.array([1, 0, 0])).tolist() == [0, 2]
+
+
+def test_unshared_sampling_stays_in_the_unshared_region():
+    own = build_region(np.array([[-1, -1], [1, -1], [-1, 1], [1, 1.0]]), None)
+    other = build_region(np.array([[0, 0], [2, 0], [0, 2], [2, 2.0]]), None)
+    gen = torch.Generator().manual_seed(0)
+    sample = lambda n, g: torch.randn(n, 2, generator=g)
+    u, draws = sample_unshared(sample, own, [other], wanted=50, max_draws=100000, generator=gen)
+    assert len(u) == 50 and draws >= 50
+    x = u.numpy()
+    assert (np.abs(x) <= 1).all() and not ((x[:, 0] > 0) & (x[:, 1] > 0)).any()
+    # the budget bounds the attempts: an unshared region that is empty yields nothing
+    u, draws = sample_unshared(sample, own, [own], wanted=10, max_draws=300, generator=gen)
+    assert len(u) == 0 and draws == 300
+
+
+def test_clients_keep_overlaps_and_synthetic_samples(tmp_path, tiny_sine):
+    sim, _ = run_sim(tmp_path, tiny_sine)
+    counts = sim.server.counts
+    for cid in sim.client_ids:
+        trainer = sim.backend.trainers[cid]
+        assert {i: len(v) for i, v in trainer.overlaps.items()} == \
+            {i: int(counts[i, cid]) for i in range(6) if counts[i, cid] > 0}
+        assert cid not in trainer.overlaps
+        n = len(trainer.syn_y)
+        assert n <= round(0.5 * trainer.ctx.num_train)
+        if n:
+            assert trainer.syn_x.shape == (n, 1) and trainer.syn_y.shape == (n, 1)
+            assert torch.isfinite(trainer.syn_x).all() and trainer.syn_x.dtype == torch.float32
+    assert sim.server.report["synthetic_got"] > 0 and 0 < sim.server.report["synthetic_acceptance"] < 1
+    assert counts.sum() > 0 and torch.all(counts.diagonal() == 0)
+
+
+# -- Algorithm 2: routing and averaging of the overlap term -------------------------------------------------------
+class Recorder:
+    """A server channel that records every send."""
+
+    def __init__(self, sim):
+        self.sim, self.sent = sim, []
+
+    @property
+    def client_ids(self):
+        return list(self.sim.client_ids)
+
+    def send(self, messages, accounted=True):
+        replies = self.sim.comm.send(messages, accounted)
+        self.sent.append((messages, replies))
+        return replies
+
+
+def test_eq11_average():
+    parts = [{"w": torch.tensor([2.0, 4.0])}, {"w": torch.tensor([4.0, 8.0])}]
+    assert torch.equal(average_overlap_terms(parts, 5, "all")["w"], torch.tensor([1.5, 3.0]))  # /(N-1) = /4
+    assert torch.equal(average_overlap_terms(parts, 5, "contributing")["w"], torch.tensor([3.0, 6.0]))
+    assert average_overlap_terms([], 5) == {}
+
+
+@pytest.mark.parametrize("mode", ["update", "gradient"])
+def test_round_routes_models_to_overlap_holders_and_averages(tmp_path, tiny_sine, mode):
+    tiny_sine["participation"]["join_ratio"] = 1.0
+    sim, _ = run_sim(tmp_path, tiny_sine, [f"trainer.alpha_mode={mode}", "rounds=1"])
+    before = {cid: {k: v.clone() for k, v in sim.backend.trainers[cid].model.named_parameters()}
+              for cid in sim.client_ids}
+    rec = Recorder(sim)
+    sim.comm.begin_round(2)
+    sim.server.run_round(2, sim.client_ids, rec)
+    (fit, fit_replies), (jobs, contrib), (applies, finals) = rec.sent[:3]
+    counts = sim.server.counts
+    deferred = sorted(i for i in fit if fit[i].payload["defer"])
+    assert deferred == sorted(i for i in range(6) if counts[i].sum() > 0)
+    for i in deferred:
+        assert set(fit_replies[i]) == {"personal", "steps"}
+    # one message per client k, carrying exactly the owners i whose D^{i,k} it holds
+    assert sorted(jobs) == sorted(k for k in range(6) if any(counts[i, k] > 0 for i in deferred))
+    for k, msg in jobs.items():
+        assert msg.kind == "pcfl_alpha"
+        assert sorted(msg.payload["models"]) == sorted(i for i in deferred if counts[i, k] > 0)
+        assert sorted(contrib[k]["updates"]) == sorted(msg.payload["models"])
+    alpha, lr = sim.cfg.trainer.alpha, sim.cfg.train.lr
+    for i in deferred:
+        parts = [contrib[k]["updates"][i] for k in sorted(contrib) if i in contrib[k]["updates"]]
+        expected = {key: sum(p[key] for p in parts) / 5 for key in parts[0]}  # Eq. 11: 1/(N-1), N = 6
+        for key, value in applies[i].payload["update"].items():
+            assert torch.allclose(value, expected[key], atol=1e-7)
+        # client i applied it to its personal model (local base: self.model) on top of its local update
+        personal = fit_replies[i]["personal"]
+        now = dict(sim.backend.trainers[i].model.named_parameters())
+        for key, value in applies[i].payload["update"].items():
+            step = value if mode == "update" else -lr * alpha * value
+            assert torch.allclose(now[key].detach(), personal[key] + step, atol=1e-6)
+        assert set(finals[i]) == {"num_samples", "train_loss"}  # exactly the base's (Local's) fit reply
+    for cid in set(range(6)) - set(deferred):
+        assert cid in fit_replies and "train_loss" in fit_replies[cid]
+    assert any(not torch.equal(before[i][k], now_v) for i in deferred
+               for k, now_v in sim.backend.trainers[i].model.named_parameters())
+
+
+def test_alpha_zero_sends_no_overlap_messages(tmp_path, tiny_sine):
+    sim, _ = run_sim(tmp_path, tiny_sine, ["trainer.alpha=0", "rounds=1"])
+    rec = Recorder(sim)
+    sim.comm.begin_round(2)
+    sim.server.run_round(2, [0, 1, 2], rec)
+    assert len(rec.sent) == 1 and all(not m.payload["defer"] for m in rec.sent[0][0].values())
+
+
+def test_fedavg_base_uploads_after_the_overlap_term(tmp_path, tiny_sine):
+    tiny_sine["participation"]["join_ratio"] = 1.0
+    sim, _ = run_sim(tmp_path, tiny_sine, ["trainer.base=fedavg", "rounds=1"])
+    rec = Recorder(sim)
+    sim.comm.begin_round(2)
+    sim.server.run_round(2, sim.client_ids, rec)
+    applies, finals = rec.sent[2]
+    for i, reply in finals.items():
+        model = sim.backend.trainers[i].model.state_dict()
+        assert set(reply) == {"params", "num_samples", "train_loss"}
+        assert all(torch.equal(reply["params"][k], model[k]) for k in reply["params"])
+
+
+def test_beta_term_reaches_only_the_personal_model(tmp_path, tiny_sine):
+    sim, _ = run_sim(tmp_path, tiny_sine, ["trainer.base=ditto", "trainer.alpha=0", "rounds=1",
+                                           "trainer.synthetic_region=own"])
+    trainer = next(t for t in sim.backend.trainers.values() if len(t.syn_y) > 0)
+    seen = []
+    original = DittoTrainer.data_loss
+
+    def spy(self, model, x, y):
+        seen.append(("personal" if model is self.personal else "global", len(x)))
+        return original(self, model, x, y)
+
+    DittoTrainer.data_loss = spy
+    try:
+        trainer.handle(Message("pcfl_fit", {"kind": "fit", "payload": {}, "defer": False}))
+    finally:
+        DittoTrainer.data_loss = original
+    # per personal step: the local batch, then a synthetic batch; the global model sees local batches only
+    personal = [n for who, n in seen if who == "personal"]
+    glob = [n for who, n in seen if who == "global"]
+    assert len(personal) == 2 * len(glob) and glob
+
+
+# -- accounting and privacy -------------------------------------------------------------------------------------
+def test_every_message_is_counted(tmp_path, tiny_sine):
+    backend = RecordingBackend()
+    sim, out = run_sim(tmp_path, tiny_sine, backend=backend)
+    counted = [(m, r) for _, m, r in backend.log if m.kind not in ("evaluate", "pcfl_truth") and r is not None]
+    assert out["bytes_down_total"] == sum(payload_nbytes(m.payload) for m, _ in counted)
+    assert out["bytes_up_total"] == sum(payload_nbytes(r) for _, r in counted)
+    kinds = {m.kind for m, _ in counted}
+    assert {"pcfl_flow_grad", "pcfl_region", "pcfl_overlap", "pcfl_fit"} <= kinds
+    regions = [r["region"] for _, m, r in backend.log if m.kind == "pcfl_region"]
+    relays = [m for _, m, _ in backend.log if m.kind == "pcfl_overlap"]
+    assert len(relays) == 6  # every region goes to every client: real downlink
+    assert all(payload_nbytes(m.payload["regions"]) == payload_nbytes(regions) for m in relays)
+    assert sim.server.report["region_bytes_down"] == 6 * sim.server.report["region_bytes_up"]
+
+
+def _tabular(tmp_path):
+    """A classification task with 6 features (rows the privacy guard fingerprints), 4 natural clients."""
+    return {
+        "rounds": 1, "device": "cpu",
+        "dataset": {"name": "fedprox_synthetic", "num_devices": 4, "dimension": 6, "num_classes": 2,
+                    "min_samples": 40, "size_sigma": 0.0, "size_mean": 0.0},
+        "partition": {"name": "by_group", "num_clients": 4},
+        "model": {"name": "mlp", "hidden": [8]},
+        "participation": {"join_ratio": 1.0},
+        "train": {"batch_size": 10, "local_epochs": 1},
+        "trainer": {"overlap": "box"},
+        "aggregator": {"latent_dim": 2, "flow_epochs": 2, "setup_block": 2, "flow_hidden": 8,
+                       "flow_transforms": 1, "flow_inner_transforms": 1, "flow_join_ratio": 1.0},
+        "checkpoint": {"every": 0},
+    }
+
+
+def test_no_raw_sample_crosses_the_privacy_boundary(tmp_path):
+    backend = RecordingBackend()
+    sim, out = run_sim(tmp_path, _tabular(tmp_path), backend=backend)
+    assert out["client_failures"] == 0
+    kinds = set()
+    for cid, msg, reply in backend.log:
+        kinds.add(msg.kind)
+        for other in sim.client_ids:  # neither a reply nor a relayed payload holds any client's raw rows
+            assert sim.guard.violation(other, reply) is None
+            assert sim.guard.violation(other, msg.payload) is None
+    assert {"pcfl_region", "pcfl_overlap", "pcfl_alpha", "pcfl_apply"} <= kinds
+
+
+def test_the_core_refuses_a_region_reply_with_raw_rows(tmp_path, monkeypatch, caplog):
+    original = PcflClientMixin.on_pcfl_region
+
+    def leaky(self, payload):
+        reply = original(self, payload)
+        if self.ctx.cid == 0:
+            reply["debug"] = self.ctx.train.x[:3].clone()  # a copy of raw input rows: must never leave
+        return reply
+
+    monkeypatch.setattr(PcflClientMixin, "on_pcfl_region", leaky)
+    sim, out = run_sim(tmp_path, _tabular(tmp_path))
+    refused = [f for f in sim.failures if f["kind"] == "pcfl_region"]
+    assert [f["client"] for f in refused] == [0] and "raw data" in refused[0]["reason"]
+    assert int(sim.server.counts[0].sum()) == 0  # client 0's region never reached the others
+    assert len(sim.backend.trainers[0].syn_y) == 0 and out["rounds_completed"] == 1
+
+
+def test_states_are_plain_data(tmp_path, tiny_sine):
+    sim, _ = run_sim(tmp_path, tiny_sine)
+    for state in [sim.server.state_dict(), *(sim.backend.get_state(c) for c in sim.client_ids)]:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        buf.seek(0)
+        torch.load(buf, weights_only=True)  # no numpy, no custom classes
+
+
+# -- the synthetic experiment's instrumentation -------------------------------------------------------------------
+def test_truth_counts():
+    truth = {"sign": [1, 1, -1], "intervals": [[0, 1], [1, 2], [0, 1]], "width": 1.0}
+    x = torch.tensor([0.5, 1.5, 2.5, 0.2])  # client 1's samples: intervals 0, 1, 2, 0
+    overlaps = {0: torch.tensor([0, 2]), 2: torch.tensor([1])}
+    # useful to 0 (same sign, intervals 0/1): samples 0, 1, 3; to 2: none (other sign)
+    assert truth_counts(1, x, overlaps, truth) == {"tp": 1, "pred": 3, "true": 3}
+
+
+def test_sine_run_logs_overlap_quality_and_draws_figure_5e(tmp_path, tiny_sine):
+    sim, _ = run_sim(tmp_path, tiny_sine)
+    report = sim.server.report
+    assert 0 <= report["overlap_precision"] <= 1 and 0 <= report["overlap_recall"] <= 1
+    assert (tmp_path / "run" / FIGURE_NAME).stat().st_size > 1000
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["pcfl/overlap_precision"] == report["overlap_precision"]
+
+
+def test_paper_latent_dims():
+    assert default_latent_dim("pcfl_sine", 3) == 2 and default_latent_dim("emnist", 784) == 12
+    assert default_latent_dim("adult", 100) == 32 and default_latent_dim("cifar10", 3072) == 256
+    assert default_latent_dim("digits", 64) == 2
+
+
+# -- bad input: one clear line, exit status 2 -------------------------------------------------------------------
+def fl(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def one_clear_line(res, *fragments):
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
+    assert "Traceback" not in res.output and len(errors) == 1, res.output
+    assert res.output.strip().splitlines()[-1] == errors[0], res.output  # at most 'run directory: ...' before it
+    for f in fragments:
+        assert f in res.output, res.output
+
+
+def _tiny_sets(tmp_path, extra=()):
+    sets = ["dataset.num_clients=6", "partition.num_clients=6", "rounds=1", "aggregator.flow_epochs=2",
+            "aggregator.flow_hidden=8", "aggregator.flow_transforms=1", "aggregator.flow_inner_transforms=1",
+            f"output_dir={tmp_path}", "participation.join_ratio=0.5", "train.local_epochs=1"]
+    return [a for s in [*sets, *extra] for a in ("--set", s)]
+
+
+def test_bad_input_is_one_clear_line(tmp_path):
+    cfg = str(CONFIGS / "sine.toml")
+    one_clear_line(fl("run", "--plugin", "pcfl", "-c", cfg, *_tiny_sets(tmp_path, ["aggregator.latent_dim=3"])),
+                   "aggregator.latent_dim: 3 is invalid", "data dimension d = 3")
+    one_clear_line(fl("run", "--plugin", "pcfl", "-c", cfg, *_tiny_sets(tmp_path, ["aggregator.latent_dim=0"])),
+                   "aggregator.latent_dim")
+    one_clear_line(fl("run", "--plugin", "pcfl", "-c", cfg, *_tiny_sets(tmp_path, ["trainer.clusters=20"])),
+                   "fewer than d'+1 = 3", "overlap=box")
+    one_clear_line(fl("run", "--plugin", "pcfl", "-c", cfg, *_tiny_sets(tmp_path, ["trainer.base=fedcac"])),
+                   "trainer.base", "cannot wrap 'fedcac'", "Bases it can wrap:", "fedrep")
+    one_clear_line(fl("run", "--plugin", "pcfl", "-c", cfg, *_tiny_sets(tmp_path, ["trainer.base=fedprox"])),
+                   "cannot wrap 'fedprox'", "overrides loss()")
+    one_clear_line(fl("run", "--plugin", "pcfl", "-c", cfg, *_tiny_sets(tmp_path, ["trainer.base=nope"])),
+                   "unknown algorithm 'nope'")
+
+
+def test_fl_run_pcfl_on_the_sine_task(tmp_path):
+    # the algorithm's defaults are the paper's synthetic task (= configs/sine.toml); shrunk here
+    res = fl("run", "--plugin", "pcfl", "--no-progress",
+             *_tiny_sets(tmp_path, ["rounds=2", "run_name=e2e", "trainer.base=fedavg"]))
+    assert res.exit_code == 0, res.output
+    assert "final mse" in res.output and "pcfl (trainer pcfl, aggregator pcfl)" in res.output
+    run = tmp_path / "e2e"
+    assert (run / FIGURE_NAME).exists() and (run / "tb").is_dir()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2] and "pcfl/overlap_recall" in rows[0]
+
+
+def test_paper_configs_resolve():
+    from pflkit.core.config import load_file
+
+    assert {p.stem for p in CONFIGS.glob("*.toml")} == {"sine", "cifar10", "femnist", "adult"}
+    for path in sorted(CONFIGS.glob("*.toml")):
+        cfg = resolve([load_file(path)])
+        assert cfg.algorithm == "pcfl", path
+        if path.stem != "sine":
+            assert cfg.trainer.clusters == 0 and cfg.dataset.download is False
+    sine = resolve([load_file(CONFIGS / "sine.toml")])
+    defaults = resolve([{}], algorithm="pcfl")  # `fl run --plugin pcfl` is the sine config, up to eval settings
+    for key in ("dataset", "partition", "model", "participation", "train", "trainer", "rounds"):
+        assert sine[key] == defaults[key], key
+
+
+def test_missing_data_is_named(tmp_path):
+    res = fl("run", "-c", str(CONFIGS / "adult.toml"), "--set", f"dataset.root={tmp_path}",
+             "--set", f"output_dir={tmp_path / 'runs'}")
+    one_clear_line(res, "adult.data", "does not exist")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_vectorized_overlap_updates_match_the_loop(tmp_path, tiny_sine, monkeypatch):
+    sim, _ = run_sim(tmp_path, tiny_sine, ["rounds=1"])
+    counts = sim.server.counts
+    k = max(range(6), key=lambda c: int((counts[:, c] > 0).sum()))
+    owners = [i for i in range(6) if counts[i, k] > 0]
+    assert len(owners) >= 2
+    state = {n: v.clone() for n, v in sim.backend.trainers[owners[0]].model.state_dict().items()}
+    payload = {"models": {i: {"state": state, "steps": 3 + i} for i in owners}}
+    trainer = sim.backend.trainers[k]
+    assert trainer._can_vectorize()
+
+    def run(vectorize):
+        monkeypatch.setattr(type(trainer), "_can_vectorize", lambda self: vectorize)
+        trainer.ctx.generator.manual_seed(7)
+        return trainer.on_pcfl_alpha(payload)["updates"]
+
+    fast, slow = run(True), run(False)
+    assert sorted(fast) == sorted(slow) == owners
+    for i in owners:
+        for n in slow[i]:
+            assert torch.allclose(fast[i][n], slow[i][n], atol=1e-6), (i, n)
+        assert any(v.abs().sum() > 0 for v in fast[i].values())
