@@ -41,6 +41,8 @@ CORE_SCHEMA: Dict[str, Any] = {
         "lr": Param(0.05, "client learning rate", check=positive),
         "momentum": Param(0.0, "SGD momentum", check=non_negative),
         "weight_decay": Param(0.0, "L2 weight decay", check=non_negative),
+        "max_grad_norm": Param(None, "clip each local step's gradient to this total 2-norm (None: no clipping)",
+                               type=float, check=positive),
         "batch_size": Param(32, "client mini-batch size", check=positive),
         "local_epochs": Param(1, "local epochs per round", check=positive),
         "eval_batch_size": Param(1024, "batch size for evaluation", check=positive),

@@ -53,12 +53,23 @@ def minibatches(data: TensorData, batch_size: int, epochs: int = 1, shuffle: boo
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], train_cfg, lr: Optional[float] = None
                    ) -> torch.optim.Optimizer:
-    """Build the configured optimizer (``train.optimizer``/``lr``/``momentum``/``weight_decay``)."""
+    """Build the configured optimizer (``train.optimizer``/``lr``/``momentum``/``weight_decay``); it carries
+    ``train.max_grad_norm`` as ``optimizer.max_grad_norm``, which ``run_sgd`` applies before every step."""
     lr = train_cfg.lr if lr is None else lr
     params = [p for p in params if p.requires_grad]
     if train_cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=train_cfg.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
+        opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=lr, weight_decay=train_cfg.weight_decay)
+    else:
+        opt = torch.optim.SGD(params, lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
+    opt.max_grad_norm = train_cfg.get("max_grad_norm")  # on the optimizer, so every call site gets it unchanged
+    return opt
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """Scale the gradients of ``optimizer``'s parameters to total 2-norm ``optimizer.max_grad_norm`` (if set)."""
+    limit = getattr(optimizer, "max_grad_norm", None)
+    if limit:
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], float(limit))
 
 
 def run_sgd(batches: Iterable[Tuple[torch.Tensor, torch.Tensor]],
@@ -72,6 +83,7 @@ def run_sgd(batches: Iterable[Tuple[torch.Tensor, torch.Tensor]],
         optimizer.zero_grad(set_to_none=True)
         loss = compute_loss(x, y)
         loss.backward()
+        clip_gradients(optimizer)
         optimizer.step()
         if after_step is not None:
             after_step()

@@ -192,11 +192,14 @@ class PcflClientMixin:
         return reply
 
     def _can_vectorize(self) -> bool:
-        """Plain SGD on a buffer-free model through the core's data loss: owners can share every step (vmap)."""
+        """Plain, unclipped SGD on a buffer-free, dropout-free model through the core's data loss: owners can
+        share every step (vmap)."""
         cfg = self.ctx.train_cfg
         model = self._scratch_model()
         plain_loss = getattr(super(PcflClientMixin, self).data_loss, "__func__", None) is LocalSGDTrainer.data_loss
-        return (cfg.optimizer == "sgd" and float(cfg.momentum) == 0.0 and plain_loss
+        random_layers = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+        return (cfg.optimizer == "sgd" and float(cfg.momentum) == 0.0 and not cfg.get("max_grad_norm")
+                and plain_loss and not random_layers
                 and len(list(model.buffers())) == 0 and all(p.requires_grad for p in model.parameters()))
 
     def _vectorized_updates(self, owners: List[int], jobs: Dict[Any, Dict[str, Any]]

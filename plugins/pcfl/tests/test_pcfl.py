@@ -456,3 +456,23 @@ def test_vectorized_overlap_updates_match_the_loop(tmp_path, tiny_sine, monkeypa
         for n in slow[i]:
             assert torch.allclose(fast[i][n], slow[i][n], atol=1e-6), (i, n)
         assert any(v.abs().sum() > 0 for v in fast[i].values())
+
+
+def test_models_with_dropout_momentum_or_clipping_take_the_loop(tmp_path, tiny_sine):
+    tiny_sine["model"]["dropout"] = 0.2
+    tiny_sine["participation"]["join_ratio"] = 1.0
+    sim, out = run_sim(tmp_path, tiny_sine, ["rounds=1"])
+    assert not sim.backend.trainers[0]._can_vectorize() and out["client_failures"] == 0
+    sim, out = run_sim(tmp_path, tiny_sine, ["rounds=1", "model.dropout=0", "train.momentum=0.9"], name="m")
+    assert not sim.backend.trainers[0]._can_vectorize() and out["client_failures"] == 0
+    sim, out = run_sim(tmp_path, tiny_sine, ["rounds=1", "model.dropout=0", "train.max_grad_norm=1"], name="c")
+    assert not sim.backend.trainers[0]._can_vectorize() and out["client_failures"] == 0
+
+
+def test_fl_show_pcfl_lists_base_options_and_bases():
+    res = fl("show", "pcfl")
+    assert res.exit_code == 0, res.output
+    assert "trainer 'pcfl' over trainer 'local' of base algorithm 'local' (protocol 'pcfl/local')" in res.output
+    assert "trainer.base = 'local'" in res.output and "aggregator.latent_dim = None" in res.output
+    bases = res.output.split("base algorithms it can wrap")[1].splitlines()[0]
+    assert all(b in bases for b in ("local", "fedavg", "fedrep", "ditto")) and "fedcac" not in bases
