@@ -10,10 +10,13 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Optional
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
+from .clientstate import ClientStateStore, TrainerPool
 from .protocol import Message
 from .seeding import seed_everything
 
@@ -46,10 +49,35 @@ def clone_nested(obj: Any) -> Any:
     return obj
 
 
+@dataclass
+class TrainerFactory:
+    """Builds client ``cid``'s trainer: ``trainer_cls(contexts[cid])``. A backend reads ``trainer_cls`` to decide
+    between pooled execution (the class declares its state) and one live trainer per client."""
+
+    trainer_cls: type
+    contexts: Dict[int, Any]
+    pooled: bool = False  # may run pooled (``client.can_pool``): decided by the simulation, which knows the pair
+
+    def __call__(self, cid: int) -> Any:
+        return self.trainer_cls(self.contexts[cid])
+
+
+@dataclass
+class StateOptions:
+    """Where a backend keeps declared client states: ``budget`` bytes in memory (None: no limit), the rest in
+    ``spill_dir``."""
+
+    budget: Optional[int] = None
+    spill_dir: Optional[Path] = None
+
+
 class ExecutionBackend(ABC):
+    """Runs client calls and owns every client's state: live trainers, or declared states and a worker pool."""
+
     @abstractmethod
-    def start(self, build_trainer: Callable[[int], Any], client_ids: Iterable[int]) -> None:
-        """Create one trainer per client."""
+    def start(self, build_trainer: Callable[[int], Any], client_ids: Iterable[int],
+              state_options: Optional[StateOptions] = None) -> None:
+        """Prepare the clients' trainers (a ``TrainerFactory`` whose class declares its state may be pooled)."""
 
     @abstractmethod
     def execute(self, calls: Dict[int, Call], snapshot: bool = False) -> Dict[int, CallResult]:
@@ -60,7 +88,8 @@ class ExecutionBackend(ABC):
         """Restore the state saved by the last snapshotting ``execute`` for ``cid``."""
 
     @abstractmethod
-    def get_state(self, cid: int) -> Dict[str, Any]: ...
+    def get_state(self, cid: int) -> Dict[str, Any]:
+        """What a checkpoint stores for ``cid``: its declared state, or its trainer's ``state_dict``."""
 
     @abstractmethod
     def set_state(self, cid: int, state: Dict[str, Any]) -> None: ...
@@ -69,26 +98,79 @@ class ExecutionBackend(ABC):
         pass
 
 
+class PooledTrainers(Mapping):
+    """``backend.trainers`` of a pooled run: ``trainers[cid]`` builds a stand-alone trainer holding the working
+    trainer's current values with ``cid``'s declared state on top -- what that client's own trainer would hold on
+    the legacy path. For inspection (tests, notebooks); changing it does not change the run."""
+
+    def __init__(self, backend: "SerialBackend") -> None:
+        self._backend = backend
+
+    def __getitem__(self, cid: int) -> Any:
+        b = self._backend
+        if cid not in b.client_ids:
+            raise KeyError(cid)
+        trainer = b.factory(cid)
+        working = b.pool.trainer
+        if working is not None:
+            trainer.load_state_dict(working.state_dict())
+        trainer.load_client_state(b.pool.state_of(cid))
+        return trainer
+
+    def __iter__(self):
+        return iter(self._backend.client_ids)
+
+    def __len__(self) -> int:
+        return len(self._backend.client_ids)
+
+
 class SerialBackend(ExecutionBackend):
-    """Runs every client in this process, one after another (the default)."""
+    """Runs every client in this process, one after another (the default).
+
+    A trainer class that declares its state runs pooled: one working trainer for all clients, declared states in
+    a ``ClientStateStore``. Any other trainer class gets one live trainer per client (``self.trainers``).
+    """
 
     def __init__(self) -> None:
-        self.trainers: Dict[int, Any] = {}
+        self.trainers: Any = {}
         self.contexts: Dict[int, Any] = {}
-        self._snapshots: Dict[int, Dict[str, Any]] = {}
+        self.client_ids: List[int] = []
+        self.factory: Optional[TrainerFactory] = None
+        self.pool: Optional[TrainerPool] = None
+        self._snapshots: Dict[int, Any] = {}
 
-    def start(self, build_trainer: Callable[[int], Any], client_ids: Iterable[int]) -> None:
-        for cid in client_ids:
+    def start(self, build_trainer: Callable[[int], Any], client_ids: Iterable[int],
+              state_options: Optional[StateOptions] = None) -> None:
+        self.client_ids = list(client_ids)
+        if isinstance(build_trainer, TrainerFactory) and build_trainer.pooled:
+            opts = state_options or StateOptions()
+            store = ClientStateStore(opts.budget, opts.spill_dir)
+            store.clear()  # spill files of an earlier process are stale: the checkpoint holds the states
+            self.factory = build_trainer
+            self.contexts = build_trainer.contexts
+            self.pool = TrainerPool(build_trainer, build_trainer.contexts.__getitem__, store)
+            self.trainers = PooledTrainers(self)
+            return
+        for cid in self.client_ids:
             self.trainers[cid] = build_trainer(cid)
+
+    @property
+    def pooled(self) -> bool:
+        return self.pool is not None
 
     def execute(self, calls: Dict[int, Call], snapshot: bool = False) -> Dict[int, CallResult]:
         results: Dict[int, CallResult] = {}
         self._snapshots = {}
+        if self.pool is not None:  # the store keeps each replaced state (under its budget) for a rollback
+            self.pool.store.track_previous(snapshot)
         for cid in sorted(calls):
             call = calls[cid]
-            trainer = self.trainers[cid]
-            if snapshot:
-                self._snapshots[cid] = clone_nested(trainer.state_dict())
+            if self.pool is not None:
+                trainer = self.pool.bind(cid)
+            else:
+                trainer = self.trainers[cid]
+                if snapshot:
+                    self._snapshots[cid] = clone_nested(trainer.state_dict())
             seed_everything(call.seed)
             trainer.ctx.round = call.round
             trainer.ctx.generator.manual_seed(call.seed)
@@ -101,15 +183,29 @@ class SerialBackend(ExecutionBackend):
             except Exception as exc:  # isolation: one client's bug must not end the run
                 results[cid] = CallResult(cid, error=f"{type(exc).__name__}: {exc}",
                                           detail=traceback.format_exc(), seconds=time.perf_counter() - start)
+            if self.pool is not None:
+                self.pool.release(cid)  # outside the isolation: a full disk while spilling ends the run
         return results
 
     def rollback(self, cid: int) -> None:
+        if self.pool is not None:
+            self.pool.store.restore_previous(cid)
+            return
         snap = self._snapshots.get(cid)
         if snap is not None:
             self.trainers[cid].load_state_dict(snap)
 
     def get_state(self, cid: int) -> Dict[str, Any]:
+        if self.pool is not None:
+            return self.pool.state_of(cid)
         return self.trainers[cid].state_dict()
 
     def set_state(self, cid: int, state: Dict[str, Any]) -> None:
-        self.trainers[cid].load_state_dict(state)
+        if self.pool is not None:
+            self.pool.set_state(cid, state)
+        else:
+            self.trainers[cid].load_state_dict(state)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.store.clear()

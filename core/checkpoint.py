@@ -1,12 +1,18 @@
-"""Checkpoints as data, never code: a checksummed header, then a ``torch.save`` body read with ``weights_only``.
+"""Checkpoints as data, never code: a checksummed header, then ``torch.save`` blobs read with ``weights_only``.
 
-File layout (format 2)::
+File layout (format 3)::
 
-    PFLKIT-CHECKPOINT\\n
-    {"format_version": 2, "body_sha256": ..., "body_bytes": ..., "config_sha256": ..., ...}\\n   (one JSON line)
-    <torch.save bytes of the state>
+    PFLKIT-CHECKPOINT\n
+    {"format_version": 3, "body_sha256": ..., "body_bytes": ..., "index_bytes": ..., "config_sha256": ...}\n
+    <body: the run state blob | one blob per client state holding tensors | the index blob>
 
-The body's checksum is verified before anything is unpickled, and the body is unpickled with
+The run state (server, RNG, history, ...) and every client's state are separate ``torch.save`` blobs, written
+and read one at a time, so a run with thousands of clients never holds all their states at once; client states
+without tensors (e.g. FedAvg's, which is empty) are kept inline in the run state, and identical client states
+(clients still at the shared initial state) are stored once. The index (last ``index_bytes``
+of the body) gives each blob's offset and length. Format 2 files (one blob holding everything) still load.
+
+The body's checksum is verified before anything is unpickled, and every blob is unpickled with
 ``torch.load(weights_only=True)``, which only rebuilds tensors and plain containers: a crafted file cannot run
 code. Types that ``weights_only`` does not know (numpy arrays and scalars in RNG states) are converted to tensors
 and plain values on the way out and back on the way in. Writes are atomic: a temporary file in the run directory,
@@ -19,8 +25,9 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -30,8 +37,10 @@ from .errors import CheckpointError
 CHECKPOINT_NAME = "checkpoint.pt"
 TEMP_PREFIX = ".checkpoint-"
 TEMP_SUFFIX = ".tmp"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 MAGIC = b"PFLKIT-CHECKPOINT\n"
+_CHUNK = 1 << 20
 _MAX_HEADER = 1 << 16
 _NDARRAY_TAG = "__pflkit_ndarray__"
 
@@ -77,22 +86,73 @@ def remove_orphaned_temporaries(run_dir: Path) -> int:
     return n
 
 
+def _has_tensor(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(_has_tensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_tensor(v) for v in obj)
+    return False
+
+
+def _blob(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(to_safe(obj), buf)
+    return buf.getvalue()
+
+
 def save_checkpoint(run_dir: Path, state: Dict[str, Any], meta: Dict[str, Any]) -> Path:
-    """Write ``state`` atomically; ``meta`` (JSON-able: config hash, algorithm, round, ...) goes into the header."""
+    """Write ``state`` atomically; ``meta`` (JSON-able: config hash, algorithm, round, ...) goes into the header.
+
+    ``state["clients"]`` (cid -> client state; may be a lazy mapping) is written one client at a time.
+    """
     run_dir = Path(run_dir)
     target = run_dir / CHECKPOINT_NAME
-    buf = io.BytesIO()
-    torch.save(to_safe(state), buf)
-    body = buf.getvalue()
-    header = {"format_version": FORMAT_VERSION, "body_sha256": hashlib.sha256(body).hexdigest(),
-              "body_bytes": len(body), **meta}
+    clients: Mapping = state.get("clients") or {}
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=run_dir)
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC)
-            f.write(json.dumps(header, sort_keys=True).encode() + b"\n")
-            f.write(body)
+            # the header's size is reserved now and its values filled in once the body is written
+            worst = {"format_version": FORMAT_VERSION, "body_sha256": "0" * 64, "body_bytes": 10 ** 18,
+                     "index_bytes": 10 ** 18, **meta}
+            reserved = len(json.dumps(worst, sort_keys=True).encode())
+            f.write(MAGIC + b" " * reserved + b"\n")
+            body_start = f.tell()
+            digest = hashlib.sha256()
+
+            def put(data: bytes) -> List[int]:
+                offset = f.tell() - body_start
+                f.write(data)
+                digest.update(data)
+                return [offset, len(data)]
+
+            records: List[List[int]] = []
+            inline: Dict[Any, Any] = {}
+            order: List[Any] = []
+            written: Dict[str, List[int]] = {}  # blob digest -> [offset, length]: identical states stored once
+            for cid in clients:
+                cstate = clients[cid]
+                order.append(cid)
+                if _has_tensor(cstate):
+                    data = _blob(cstate)
+                    key = hashlib.sha256(data).hexdigest()
+                    if key not in written:
+                        written[key] = put(data)
+                    records.append([int(cid), *written[key]])
+                else:
+                    inline[cid] = cstate
+            main = {k: v for k, v in state.items() if k != "clients"}
+            main["clients"] = {"order": order, "inline": inline}
+            index = {"main": put(_blob(main)), "records": records}
+            index_bytes = put(_blob(index))[1]
+            body_bytes = f.tell() - body_start
+            header = {"format_version": FORMAT_VERSION, "body_sha256": digest.hexdigest(), "body_bytes": body_bytes,
+                      "index_bytes": index_bytes, **meta}
+            line = json.dumps(header, sort_keys=True).encode()
+            f.seek(len(MAGIC))
+            f.write(line.ljust(reserved))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -114,50 +174,160 @@ def _discard(tmp: str | None) -> None:
             pass
 
 
-def read_header(path: Path) -> Tuple[Dict[str, Any], bytes]:
-    """Header and verified body bytes of a checkpoint file; a damaged or foreign file is a CheckpointError."""
-    restore = "restore the file from a copy, or start the run again"
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from exc
-    if not raw.startswith(MAGIC):
-        if raw[:2] == b"PK":
+_RESTORE = "restore the file from a copy, or start the run again"
+
+
+def _parse_header(f: BinaryIO, path: Path) -> Tuple[Dict[str, Any], int]:
+    """(header, offset of the body) of an open checkpoint file."""
+    head = f.read(len(MAGIC) + _MAX_HEADER + 1)
+    if not head.startswith(MAGIC):
+        if head[:2] == b"PK":
             raise CheckpointError(f"checkpoint {path} was written by an older pflkit (format 1), which cannot be "
                                   f"loaded safely; start the run again")
-        raise CheckpointError(f"{path} is not a pflkit checkpoint (corrupt or foreign file); {restore}")
-    end = raw.find(b"\n", len(MAGIC), len(MAGIC) + _MAX_HEADER)
+        raise CheckpointError(f"{path} is not a pflkit checkpoint (corrupt or foreign file); {_RESTORE}")
+    end = head.find(b"\n", len(MAGIC))
     try:
         if end < 0:
             raise ValueError("no header line")
-        header = json.loads(raw[len(MAGIC):end].decode())
+        header = json.loads(head[len(MAGIC):end].decode())
         if not isinstance(header, dict):
             raise ValueError("header is not an object")
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {path} is corrupt (unreadable header: {exc}); {restore}") from exc
-    if header.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} is corrupt (unreadable header: {exc}); {_RESTORE}") from exc
+    if header.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(f"checkpoint {path} has format {header.get('format_version')!r}; this pflkit reads "
-                              f"format {FORMAT_VERSION}")
-    body = raw[end + 1:]
-    if len(body) != header.get("body_bytes") or hashlib.sha256(body).hexdigest() != header.get("body_sha256"):
+                              f"formats {', '.join(map(str, READABLE_VERSIONS))}")
+    return header, end + 1
+
+
+def _verify_body(f: BinaryIO, path: Path, header: Dict[str, Any], body_start: int) -> None:
+    """Stream the body through SHA-256 (never all in memory) and compare with the header."""
+    f.seek(body_start)
+    digest, n = hashlib.sha256(), 0
+    while True:
+        chunk = f.read(_CHUNK)
+        if not chunk:
+            break
+        digest.update(chunk)
+        n += len(chunk)
+    if n != header.get("body_bytes") or digest.hexdigest() != header.get("body_sha256"):
         raise CheckpointError(f"checkpoint {path} is corrupt or incomplete (checksum mismatch: the file was damaged "
-                              f"or edited); {restore}")
-    return header, body
+                              f"or edited); {_RESTORE}")
 
 
-def load_checkpoint(run_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(header, state) of the run's checkpoint. The state is rebuilt as data only (``weights_only=True``)."""
-    path = Path(run_dir) / CHECKPOINT_NAME
-    header, body = read_header(path)
+def read_header(path: Path) -> Tuple[Dict[str, Any], bytes]:
+    """Header and verified body bytes of a checkpoint file; a damaged or foreign file is a CheckpointError."""
     try:
-        state = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+        with open(path, "rb") as f:
+            header, body_start = _parse_header(f, Path(path))
+            _verify_body(f, Path(path), header, body_start)
+            f.seek(body_start)
+            return header, f.read()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from exc
+
+
+def _load_blob(data: bytes, path: Path) -> Any:
+    try:
+        return from_safe(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} holds data that is not plain tensors and containers; refused "
                               f"({first[:200]})") from exc
-    if not isinstance(state, dict):
+
+
+class ClientStates(MutableMapping):
+    """cid -> client state of a format-3 checkpoint, each read from the file only when asked for (one at a time).
+
+    Entries set or deleted here override the file (e.g. to write a modified copy with ``save_checkpoint``)."""
+
+    def __init__(self, path: Path, body_start: int, order: List[Any], inline: Dict[Any, Any],
+                 records: Dict[Any, Tuple[int, int]]) -> None:
+        self._path, self._body_start = path, body_start
+        self._order = list(order)
+        self._inline = dict(inline)
+        self._records = dict(records)
+        self._set: Dict[Any, Any] = {}
+
+    def __getitem__(self, cid: Any) -> Any:
+        if cid in self._set:
+            return self._set[cid]
+        if cid in self._inline:
+            return self._inline[cid]
+        if cid not in self._records or cid not in self._order:
+            raise KeyError(cid)
+        offset, length = self._records[cid]
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._body_start + offset)
+                data = f.read(length)
+        except OSError as exc:
+            raise CheckpointError(f"cannot read checkpoint {self._path}: {exc.strerror or exc}") from exc
+        if len(data) != length:
+            raise CheckpointError(f"checkpoint {self._path} is corrupt or incomplete (truncated); {_RESTORE}")
+        return _load_blob(data, self._path)
+
+    def __setitem__(self, cid: Any, value: Any) -> None:
+        if cid not in self._order:
+            self._order.append(cid)
+        self._set[cid] = value
+
+    def __delitem__(self, cid: Any) -> None:
+        if cid not in self._order:
+            raise KeyError(cid)
+        self._order.remove(cid)
+        self._set.pop(cid, None)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._order))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+def open_checkpoint(run_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(header, state) of the run's checkpoint, verified; ``state["clients"]`` loads each client state lazily.
+
+    Everything is rebuilt as data only (``weights_only=True``).
+    """
+    path = Path(run_dir) / CHECKPOINT_NAME
+    try:
+        with open(path, "rb") as f:
+            header, body_start = _parse_header(f, path)
+            _verify_body(f, path, header, body_start)
+            if header["format_version"] == 2:  # one blob holding everything
+                f.seek(body_start)
+                state = _load_blob(f.read(), path)
+                if not isinstance(state, dict):
+                    raise CheckpointError(f"checkpoint {path} does not hold a pflkit run state")
+                return header, state
+            index_bytes = header.get("index_bytes")
+            body_bytes = header["body_bytes"]
+            if not isinstance(index_bytes, int) or not 0 < index_bytes <= body_bytes:
+                index_bytes = body_bytes  # then the blob below fails to load: refused as not plain data
+            f.seek(body_start + body_bytes - index_bytes)
+            index = _load_blob(f.read(index_bytes), path)
+            try:
+                offset, length = index["main"]
+                records = {cid: (int(o), int(n)) for cid, o, n in index["records"]}
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CheckpointError(f"checkpoint {path} is corrupt (unreadable index); {_RESTORE}") from exc
+            f.seek(body_start + offset)
+            state = _load_blob(f.read(length), path)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from exc
+    if not isinstance(state, dict) or not isinstance(state.get("clients"), dict):
         raise CheckpointError(f"checkpoint {path} does not hold a pflkit run state")
-    return header, from_safe(state)
+    clients = state["clients"]
+    state["clients"] = ClientStates(path, body_start, clients.get("order", []), clients.get("inline", {}), records)
+    return header, state
+
+
+def load_checkpoint(run_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(header, state) of the run's checkpoint with every client state in memory (tools, tests, small runs)."""
+    header, state = open_checkpoint(run_dir)
+    state["clients"] = dict(state["clients"].items())
+    return header, state
 
 
 def checkpoint_exists(run_dir: Path) -> bool:

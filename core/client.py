@@ -70,12 +70,34 @@ class ClientTrainer:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         pass
 
+    # declared per-client state (pooled execution) --------------------------------------------------------
+    #: Set ``declares_state = True`` in a trainer's own class body to promise that ``client_state`` holds
+    #: everything a client keeps between calls; anything else the trainer holds is either client-independent
+    #: (built in ``__init__`` from the model factory and hyperparameters only) or rewritten by every message
+    #: before it is read. The core then runs all clients through one pooled trainer per worker, swapping each
+    #: client's declared state in before a call and out after it. The flag is not inherited (``state_declared``
+    #: reads the class's own body), so a subclass that adds state of its own stays on the legacy path -- one
+    #: live trainer per client, ``state_dict`` in checkpoints -- until it declares that state too.
+    declares_state: bool = False
+
+    def client_state(self) -> Dict[str, Any]:
+        """The declared per-client state: a sub-dict of ``state_dict``'s structure (tensors are copied)."""
+        return {}
+
+    def load_client_state(self, state: Dict[str, Any]) -> None:
+        """Restore what ``client_state`` returned (or the matching part of a full ``state_dict``)."""
+
+    def swapped_in(self) -> None:
+        """Called by the core after it bound this pooled trainer to another client and loaded its state."""
+
     # helpers for subclasses -------------------------------------------------------------------------------
     def batches(self, epochs: Optional[int] = None, batch_size: Optional[int] = None, drop_last: bool = False):
-        """This round's mini-batches of the client's training split (``train.batch_size``/``local_epochs``)."""
+        """This round's mini-batches of the client's training split (``train.batch_size``/``local_epochs``/
+        ``drop_last``); ``drop_last=True`` drops the last incomplete batch even when ``train.drop_last`` is off (a
+        trainer's own need, e.g. BatchNorm on a batch of one)."""
         cfg = self.ctx.train_cfg
         return minibatches(self.ctx.train, batch_size or cfg.batch_size, epochs or cfg.local_epochs,
-                           generator=self.ctx.generator, drop_last=drop_last)
+                           generator=self.ctx.generator, drop_last=drop_last or bool(cfg.get("drop_last", False)))
 
     def evaluate_model(self, forward, modules=()) -> Dict[str, Any]:
         """Score ``forward`` on the client's test split (``modules`` are switched to eval mode meanwhile)."""
@@ -98,6 +120,8 @@ class LocalSGDTrainer(ClientTrainer):
 
     protocol = "global-model"
     params: ParamSpec = {"bn_stats": BN_PARAM}
+    # pooled, a client keeps only ``client_keys``: the rest must come with every message (see ``can_pool``)
+    needs_shared_delivery = True
 
     def __init__(self, ctx: ClientContext):
         super().__init__(ctx)
@@ -117,17 +141,22 @@ class LocalSGDTrainer(ClientTrainer):
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         if "params" in payload:
             self.receive(payload["params"])
+        else:
+            self.require_shared()
         loss = self.local_update()
         return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": loss}
 
     def on_evaluate(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         if "params" in payload:
             self.receive(payload["params"])
+        else:
+            self.require_shared()
         return self.evaluate_model(self.personal_forward())
 
     # extension points -----------------------------------------------------------------------------------
     def receive(self, params: State) -> None:
         load_into(self.model, {k: params[k] for k in self.shared if k in params})
+        self._shared_stale = False
 
     def upload(self) -> State:
         sd = self.model.state_dict()
@@ -156,6 +185,52 @@ class LocalSGDTrainer(ClientTrainer):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+
+    # declared state: the model keys the server never sends (FedAvg: none; FedPer: the head; FedBN: BN layers)
+    def client_keys(self) -> List[str]:
+        """Model keys this client keeps between calls: those not in ``self.shared`` (every message brings those)."""
+        shared = set(self.shared)
+        return [k for k in self.model.state_dict() if k not in shared]
+
+    def client_state(self) -> Dict[str, Any]:
+        return {"model": host_copy(self.model.state_dict(), self.client_keys())}
+
+    def load_client_state(self, state: Dict[str, Any]) -> None:
+        saved = state["model"]
+        load_into(self.model, {k: saved[k] for k in self.client_keys()})
+
+    def swapped_in(self) -> None:
+        # the shared keys still hold the previous client's values until this client's message brings the server's
+        self._shared_stale = bool(set(self.shared) - set(self.client_keys()))
+
+    def require_shared(self) -> None:
+        """Refuse to use a pooled model whose shared part was never delivered to this client (a message of an
+        aggregator that does not send ``params``): its values would be another client's."""
+        if getattr(self, "_shared_stale", False):
+            raise RuntimeError(f"{type(self).__name__} keeps only its declared state between calls, so every "
+                               f"message must carry 'params'; this aggregator sent none")
+
+
+def state_declared(trainer_cls: type) -> bool:
+    """True when ``trainer_cls`` itself (not a base class) declares its per-client state (``declares_state``)."""
+    return bool(vars(trainer_cls).get("declares_state", False))
+
+
+def can_pool(trainer_cls: type, aggregator_cls: type) -> bool:
+    """Whether clients of ``trainer_cls`` may run pooled against ``aggregator_cls``: the trainer declares its state,
+    and when it relies on the server to deliver its shared part, the aggregator does so in every message."""
+    if not state_declared(trainer_cls):
+        return False
+    if not getattr(trainer_cls, "needs_shared_delivery", False):
+        return True
+    check = getattr(aggregator_cls, "delivers_shared_state", None)
+    return bool(check()) if callable(check) else False
+
+
+def host_copy(state: Dict[str, torch.Tensor], keys: Optional[List[str]] = None) -> State:
+    """Detached copies of ``state``'s tensors (all, or ``keys``) in host memory, where declared states are kept."""
+    keys = list(state) if keys is None else keys
+    return {k: state[k].detach().to("cpu", copy=True) for k in keys}
 
 
 def head_keys(model: nn.Module) -> List[str]:

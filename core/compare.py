@@ -16,6 +16,9 @@ one torch thread, serial ones included (CPU kernels may round differently with a
 run is seeded, so the numbers do not depend on ``jobs``: use ``jobs`` to use more cores. To keep one partition across run seeds,
 set ``partition.seed``.
 
+Only finished runs enter the statistics. A run that fails (its one-line reason is recorded) does not stop the
+others; failed, interrupted and never-started runs are listed with their round counts under ``not_in_table``.
+
 Std over seeds is the population std (numpy's default, ddof=0), as PFLlib reports it. A run directory that already
 holds a finished run with the identical configuration is reused instead of rerun, and an interrupted one (Ctrl-C
 leaves a checkpoint) is resumed, so an interrupted or extended comparison picks up where it stopped; a run
@@ -32,7 +35,7 @@ import re
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -210,12 +213,23 @@ def _execute(cfg: Any, run_dir: Path, state: Optional[str], progress: bool) -> D
     return Simulation(cfg, run_dir=run_dir, tensorboard=False, progress=progress).run()
 
 
+def _reason(exc: BaseException) -> str:
+    """One line for a failed run: a user-facing error's own message, a bug's type and message."""
+    from .errors import PflError
+
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return text if isinstance(exc, PflError) and text else f"{type(exc).__name__}: {text}".rstrip(": ")
+
+
 def _run_parallel(pending: Sequence[Tuple[Entry, int, Any, Path, Optional[str]]], workers: int,
-                  summaries: Dict[Path, Dict[str, Any]]) -> bool:
-    """Run ``pending`` in ``workers`` processes, filling ``summaries``; True when interrupted.
+                  summaries: Dict[Path, Dict[str, Any]], failures: Dict[Path, str],
+                  finished: Callable[[Path], None]) -> bool:
+    """Run ``pending`` in ``workers`` processes, filling ``summaries`` (or ``failures`` with a run's one-line
+    reason) and calling ``finished(run_dir)`` as each run ends; True when interrupted.
 
     Ctrl-C reaches the workers too (same process group): each finishes its round, checkpoints and returns an
-    interrupted summary; runs not started yet are cancelled. Rerunning the comparison resumes them.
+    interrupted summary; runs not started yet are cancelled. Rerunning the comparison resumes them. A run that
+    fails does not stop the others.
     """
     interrupted = False
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker)
@@ -238,8 +252,16 @@ def _run_parallel(pending: Sequence[Tuple[Entry, int, Any, Path, Optional[str]]]
             for fut in done:
                 if fut.cancelled():
                     continue
-                summary = fut.result()  # a worker's PflError or bug propagates unchanged
-                summaries[futures[fut]] = summary
+                run_dir = futures[fut]
+                try:
+                    summary = fut.result()
+                except Exception as exc:  # a worker's PflError, a plugin bug or a crashed worker: this run only
+                    log.debug("compare: run %s failed", run_dir, exc_info=exc)
+                    failures[run_dir] = _reason(exc)
+                    finished(run_dir)
+                    continue
+                summaries[run_dir] = summary
+                finished(run_dir)
                 if summary.get("interrupted") and not interrupted:
                     interrupted = True
                     for other in waiting:
@@ -249,18 +271,63 @@ def _run_parallel(pending: Sequence[Tuple[Entry, int, Any, Path, Optional[str]]]
     return interrupted
 
 
+def _logged_rounds(run_dir: Path) -> Tuple[int, int]:
+    """The last round a run's ``metrics.jsonl`` records and the client replies rejected in its rounds (for a
+    failed run, which has no summary)."""
+    last, rejected = 0, 0
+    path = run_dir / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines() if path.exists() else []
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a half-written last line of a killed run
+            continue
+        if isinstance(row, dict):
+            last = max(last, int(row.get("round", 0)))
+            rejected += int(row.get("client_failures", 0))
+    return last, rejected
+
+
+def _status_text(value: Optional[float], metric: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.2f}%" if metric == "accuracy" else f"{value:.4f}"
+
+
+def progress_line(done: int, total: int, run: Mapping[str, Any], metric: str) -> str:
+    """``[3/6] fedavg seed 1: finished 10/10 rounds, final accuracy 88.12% (uniform), 12.3 s`` -- one line per
+    run as it ends (or is reused), so a long comparison shows where it is, also with ``jobs`` > 1."""
+    head = f"[{done}/{total}] {run['label']} seed {run['seed']}: "
+    rounds = f"{run['rounds_completed']}/{run['rounds']} rounds"
+    rejected = run.get("client_failures") or 0
+    tail = f", {rejected} client replies rejected" if rejected else ""
+    if run["status"] == "failed":
+        return f"{head}FAILED after {rounds}: {run['reason']}{tail}"
+    if run["status"] == "incomplete":
+        return f"{head}incomplete, {rounds} (interrupted; rerun the same command to continue){tail}"
+    verb = "reused, finished earlier:" if run.get("reused") else "finished"
+    return (f"{head}{verb} {rounds}, final {metric} {_status_text(run.get('final_uniform'), metric)} (uniform), "
+            f"{run.get('seconds', 0.0):.1f} s{tail}")
+
+
 def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequence[Mapping[str, Any]],
                    out_dir: Path, progress: bool = False,
                    algorithm_layers: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
-                   jobs: int = 1) -> Dict[str, Any]:
+                   jobs: int = 1, echo: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Run every algorithm (or variant) with every seed on the same configuration layers; write results and plots.
 
     ``algorithms`` are names or variant specs ``NAME+key=value[+key=value...]`` (each its own labelled row).
     ``layers`` (file, ``--set``) apply to every entry; ``algorithm_layers[name]`` only to the entries of that
     algorithm, variants included (e.g. ``trainer.mu`` for fedprox, a key the other trainers do not have); a
     variant's own settings outrank both. ``jobs`` > 1 runs that many runs at a time in worker processes (one torch
-    thread each, as serial runs have; no progress bars). Returns the content of ``results.json`` plus the written file paths under
-    ``files``.
+    thread each, as serial runs have; no progress bars). ``echo`` receives one :func:`progress_line` per run as it
+    ends. A run that fails (e.g. every selected client failed in a round) is recorded with its one-line reason and
+    the others go on. Only finished runs enter the statistics; failed, interrupted and never-started runs are
+    listed under ``not_in_table`` (and in the table's notes) with their round counts. Returns the content of
+    ``results.json`` plus the written file paths under ``files``.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"compare: jobs must be a positive integer, got {jobs!r}")
@@ -279,54 +346,67 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
         tasks.append((entry, seed, cfg, run_dir, _existing_run(run_dir, cfg)))
 
     summaries: Dict[Path, Dict[str, Any]] = {}
+    failures: Dict[Path, str] = {}
+    by_dir = {t[3]: t for t in tasks}
+    reported = [0]
+
+    def finished(run_dir: Path) -> None:
+        reported[0] += 1
+        if echo is not None:
+            entry, seed, cfg, _, state = by_dir[run_dir]
+            run = _run_record(entry, seed, cfg, run_dir, summaries.get(run_dir), failures.get(run_dir))
+            run["reused"] = state == "finished"
+            echo(progress_line(reported[0], len(tasks), run, run.get("metric") or "accuracy"))
+
     interrupted = False
     pending = [t for t in tasks if t[4] != "finished"]
     for entry, seed, _, run_dir, state in tasks:
         if state == "finished":
             log.info("compare: reusing the finished run in %s", run_dir)
             summaries[run_dir] = json.loads((run_dir / "summary.json").read_text())
+            finished(run_dir)
     if jobs == 1 or len(pending) <= 1:
         with _one_torch_thread():
             for entry, seed, cfg, run_dir, state in pending:
                 log.info("compare: %s %s with seed %d in %s", "resuming" if state else "running", entry.label,
                          seed, run_dir)
-                summaries[run_dir] = _execute(cfg, run_dir, state, progress)
-                if summaries[run_dir].get("interrupted"):
+                try:
+                    summaries[run_dir] = _execute(cfg, run_dir, state, progress)
+                except Exception as exc:  # this run failed; the comparison goes on without it
+                    log.debug("compare: run %s failed", run_dir, exc_info=exc)
+                    failures[run_dir] = _reason(exc)
+                finished(run_dir)
+                if run_dir in summaries and summaries[run_dir].get("interrupted"):
                     interrupted = True
                     break
     else:
-        interrupted = _run_parallel(pending, min(jobs, len(pending)), summaries)
+        interrupted = _run_parallel(pending, min(jobs, len(pending)), summaries, failures, finished)
 
     per_algo: Dict[str, Dict[str, Any]] = {
-        e.label: {"algorithm": e.algorithm, "settings": parse_sets(e.sets), "runs": []} for e in entries}
+        e.label: {"algorithm": e.algorithm, "settings": parse_sets(e.sets), "runs": [], "runs_planned": len(seeds)}
+        for e in entries}
+    not_in_table: List[Dict[str, Any]] = []
     metric = None
     for entry, seed, cfg, run_dir, _ in tasks:
-        summary = summaries.get(run_dir)
-        if summary is None:  # not run: the comparison was interrupted first
-            continue
-        if metric is None:
-            metric = summary["metric"]
         row = per_algo[entry.label]
         row.setdefault("model", cfg.model.name)
         row.setdefault("trainer", cfg.trainer.name)
         row.setdefault("aggregator", cfg.aggregator.name)
-        curve, seconds = _read_curve(run_dir, summary["metric"])
-        row["runs"].append({
-            "seed": seed, "run_dir": str(run_dir),
-            "final_uniform": summary["final"]["uniform"], "final_weighted": summary["final"]["weighted"],
-            "best_uniform": summary["best"]["uniform"], "best_round": summary["best"]["round"],
-            "final_k": summary["final"]["k"], "rounds_completed": summary["rounds_completed"],
-            "bytes_up_total": summary["bytes_up_total"], "seconds": seconds, "curve": curve,
-        })
-        if summary.get("interrupted"):
-            interrupted = True
-    expected = len(seeds)
+        run = _run_record(entry, seed, cfg, run_dir, summaries.get(run_dir), failures.get(run_dir))
+        if run["status"] != "finished":
+            interrupted = interrupted or run["status"] == "incomplete"
+            not_in_table.append({k: run[k] for k in ("label", "seed", "status", "rounds_completed", "rounds",
+                                                      "reason", "client_failures", "run_dir")})
+            continue
+        metric = metric or run["metric"]
+        row["runs"].append({k: v for k, v in run.items() if k not in ("label", "status", "reason", "metric")})
 
     for entry in per_algo.values():
         for stat in STATS:
             entry[stat] = _mean_std([r[stat] for r in entry["runs"]])
         entry["bytes_up_total"] = _mean_std([r["bytes_up_total"] for r in entry["runs"]])
         entry["seconds"] = _mean_std([r["seconds"] for r in entry["runs"]])
+        entry["client_failures"] = int(sum(r["client_failures"] for r in entry["runs"]))
     first_cfg = next(iter(plan.values()))
     models = {e["model"] for e in per_algo.values() if e["runs"]}
     notes = []
@@ -340,7 +420,8 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
         "rounds": first_cfg.rounds,
         "final_k": max((r["final_k"] for e in per_algo.values() for r in e["runs"]), default=first_cfg.eval.final_k),
         "std": "population std over seeds (ddof=0)", "jobs": jobs,
-        "interrupted": interrupted, "notes": notes, "results": per_algo,
+        "interrupted": interrupted, "complete": not not_in_table, "not_in_table": not_in_table,
+        "notes": notes, "results": per_algo,
     }
     files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "plot": out_dir / "curves.png"}
     files["json"].write_text(json.dumps(results, indent=2))
@@ -348,6 +429,31 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
     plot_curves(results, files["plot"])
     results["files"] = {k: str(v) for k, v in files.items()}
     return results
+
+
+def _run_record(entry: Entry, seed: int, cfg: Any, run_dir: Path, summary: Optional[Mapping[str, Any]],
+                failure: Optional[str]) -> Dict[str, Any]:
+    """One run's outcome: 'finished' (with its numbers), 'incomplete' (interrupted or never started) or
+    'failed' (with the one-line reason); round counts and rejected client replies in every case."""
+    base: Dict[str, Any] = {"label": entry.label, "seed": seed, "run_dir": str(run_dir), "rounds": cfg.rounds,
+                            "reason": failure, "metric": None}
+    if summary is None:
+        logged, rejected = _logged_rounds(run_dir)
+        return {**base, "status": "failed" if failure else "incomplete", "rounds_completed": logged,
+                "client_failures": rejected, "reason": failure or "not started"}
+    complete = not summary.get("interrupted") and summary["rounds_completed"] == cfg.rounds
+    if not complete:
+        return {**base, "status": "incomplete", "rounds_completed": summary["rounds_completed"],
+                "client_failures": int(summary.get("client_failures", 0)), "reason": "interrupted"}
+    curve, seconds = _read_curve(run_dir, summary["metric"])
+    return {
+        **base, "status": "finished", "metric": summary["metric"],
+        "final_uniform": summary["final"]["uniform"], "final_weighted": summary["final"]["weighted"],
+        "best_uniform": summary["best"]["uniform"], "best_round": summary["best"]["round"],
+        "final_k": summary["final"]["k"], "rounds_completed": summary["rounds_completed"],
+        "bytes_up_total": summary["bytes_up_total"], "seconds": seconds,
+        "client_failures": int(summary.get("client_failures", 0)), "curve": curve,
+    }
 
 
 def _fmt(stat: Mapping[str, float], percent: bool) -> str:
@@ -373,11 +479,12 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         f"Final = mean of the last {results['final_k']} evaluations; uniform = mean over clients of each "
         f"client's {metric}; weighted = pooled over all test samples; best = best uniform evaluation; "
         f"seconds = training + evaluation time of a run's rounds (wall clock, {results.get('jobs', 1)} parallel "
-        f"job(s)). Per-run numbers: results.json.",
+        f"job(s)); runs = finished runs in the statistics (of those planned); rejected = client replies rejected "
+        f"(NaN/Inf or an error), summed over those runs. Per-run numbers: results.json.",
         "",
         f"| algorithm | final {metric}, uniform{unit} | best {metric}, uniform{unit} | "
-        f"final {metric}, weighted{unit} | model | runs | upload per run (MiB) | seconds per run |",
-        "|---|---|---|---|---|---|---|---|",
+        f"final {metric}, weighted{unit} | model | runs | upload per run (MiB) | seconds per run | rejected |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for algo in results["algorithms"]:
         e = results["results"][algo]
@@ -385,13 +492,23 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         up_text = "n/a" if up["n"] == 0 else f"{up['mean'] / 2 ** 20:.2f}"
         sec = e.get("seconds", {"n": 0})
         sec_text = "n/a" if sec["n"] == 0 else f"{sec['mean']:.1f}"
+        planned = e.get("runs_planned", len(e["runs"]))
+        runs_text = str(len(e["runs"])) if len(e["runs"]) == planned else f"{len(e['runs'])} of {planned}"
         lines.append(f"| {algo} | {_fmt(e['final_uniform'], percent)} | {_fmt(e['best_uniform'], percent)} | "
-                     f"{_fmt(e['final_weighted'], percent)} | {e.get('model', 'n/a')} | {len(e['runs'])} | "
-                     f"{up_text} | {sec_text} |")
+                     f"{_fmt(e['final_weighted'], percent)} | {e.get('model', 'n/a')} | {runs_text} | "
+                     f"{up_text} | {sec_text} | {e.get('client_failures', 0)} |")
     for note in results.get("notes", []):
         lines += ["", f"Note: {note}."]
-    if results.get("interrupted"):
-        lines += ["", "Note: the comparison was interrupted; rows cover the runs that finished."]
+    missing = results.get("not_in_table") or []
+    if missing:
+        lines += ["", f"Not in the table ({len(missing)} run(s); rows cover finished runs only):", ""]
+        for run in missing:
+            what = "FAILED" if run["status"] == "failed" else "incomplete"
+            lines.append(f"- {run['label']}, seed {run['seed']}: {what} after {run['rounds_completed']} of "
+                         f"{run['rounds']} rounds ({run['reason']}); {run['client_failures']} rejected; "
+                         f"{run['run_dir']}")
+        if any(r["status"] == "incomplete" for r in missing):
+            lines += ["", "Rerun the same command to continue the incomplete runs (finished runs are reused)."]
     return "\n".join(lines) + "\n"
 
 
@@ -430,7 +547,8 @@ def plot_curves(results: Mapping[str, Any], path: Path) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(metric)
-    axes[0].legend(loc="best", fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:  # no finished run: nothing to label
+        axes[0].legend(loc="best", fontsize=8)
     fig.suptitle(f"{results['dataset']}: mean over seeds {', '.join(map(str, results['seeds']))} "
                  f"(band: std)", fontsize=10)
     fig.tight_layout()

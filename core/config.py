@@ -22,12 +22,24 @@ from .params import (Param, ParamSpec, non_negative, open_unit_interval, parse_v
 from . import compose
 from . import registry as reg
 
+def _size(v: Any) -> Optional[str]:
+    from .clientstate import parse_size
+    try:
+        parse_size(v)
+    except ConfigError:
+        return "not a size (examples: 512MiB, 1GiB, 1000000)"
+    return None
+
+
 # Core keys: sections with fixed keys ------------------------------------------------------------------------
 CORE_SCHEMA: Dict[str, Any] = {
     "algorithm": Param("fedavg", "algorithm plugin: picks the default trainer, aggregator and their defaults"),
     "seed": Param(0, "seed of every RNG in the run (partition, init, sampling, batches)", check=seed_range),
     "rounds": Param(30, "number of communication rounds", check=positive),
     "device": Param("auto", "torch device: auto (cuda when available), cpu, cuda, cuda:N"),
+    "threads": Param(None, "torch CPU threads of the run (results depend on it); null: the process's setting -- the fl "
+                           "command sets 1 unless OMP_NUM_THREADS is set, fastest on a shared machine (README)",
+                     type=int, check=positive),
     "output_dir": Param("runs", "folder that receives one sub-folder per run"),
     "run_name": Param(None, "run sub-folder name, a plain folder name (default: <algorithm>-<dataset>-<timestamp>)",
                       type=str, check=plain_name),
@@ -46,6 +58,8 @@ CORE_SCHEMA: Dict[str, Any] = {
         "batch_size": Param(32, "client mini-batch size", check=positive),
         "local_epochs": Param(1, "local epochs per round", check=positive),
         "eval_batch_size": Param(1024, "batch size for evaluation", check=positive),
+        "drop_last": Param(False, "drop each epoch's last incomplete mini-batch (PyTorch's DataLoader drop_last; "
+                                  "a client with fewer samples than batch_size still takes one step)"),
     },
     "eval": {
         "every": Param(1, "evaluate all clients every N rounds (and always after the last round)", check=positive),
@@ -54,6 +68,11 @@ CORE_SCHEMA: Dict[str, Any] = {
     "checkpoint": {
         "every": Param(5, "write a checkpoint every N rounds (and after the last round); 0 disables periodic ones",
                        check=non_negative),
+        "final": Param(True, "write a checkpoint after the last round (false: with every=0, none at all)"),
+    },
+    "clients": {
+        "state_memory": Param(None, "host memory for declared client states, e.g. 512MiB, 1GiB or bytes (default: "
+                                    "no limit); the rest spills to <run>/client_state", check=_size),
     },
     "failures": {
         "on_client_error": Param("skip", "a client whose code raises: skip it this round, or abort the run",
@@ -82,6 +101,9 @@ COMPONENT_SECTIONS: Dict[str, Tuple[reg.Registry, ParamSpec]] = {
     }),
     "model": (reg.MODELS, {
         "name": Param("cnn4", "model name (fl list models)"),
+        "init_seed": Param(None, "seed of the initial weights, independent of the run seed (default: the run seed; "
+                                 "init_seed=s gives the initial weights of a run with seed=s)", type=int,
+                           check=seed_range),
     }),
     "trainer": (reg.TRAINERS, {
         "name": Param("fedavg", "client trainer (set by the algorithm; override to combine freely)"),
@@ -198,6 +220,7 @@ def resolve(layers: List[Mapping[str, Any]], algorithm: Optional[str] = None) ->
     user: Dict[str, Any] = {}
     for layer in layers:
         user = deep_merge(user, layer)
+    user = _partition_from(user)
     if algorithm is not None:
         user["algorithm"] = algorithm
     algo_name = user.get("algorithm", CORE_SCHEMA["algorithm"].default)
@@ -246,6 +269,41 @@ def resolve(layers: List[Mapping[str, Any]], algorithm: Optional[str] = None) ->
     return EasyDict(out)
 
 
+def _partition_from(user: Dict[str, Any]) -> Dict[str, Any]:
+    """``partition.from=RUN_DIR_OR_FILE`` is short for ``partition.name=from_file`` + ``partition.path=...``: the
+    saved configuration then names the partitioner that really made the split."""
+    part = user.get("partition")
+    if not isinstance(part, Mapping):
+        return user
+    part = dict(part)
+    if "from" in part:
+        source = part.pop("from")
+        if not isinstance(source, str) or not source:
+            raise ConfigError(f"partition.from: expected a run directory or a partition file, got {source!r}")
+        if part.get("name", "from_file") != "from_file":
+            raise ConfigError(f"partition.from reuses a saved split; it cannot be combined with "
+                              f"partition.name={part['name']!r}")
+        if "path" in part:
+            raise ConfigError("partition.from and partition.path name the same file; give one of them")
+        part.update(name="from_file", path=source)
+    if part.get("name") == "from_file" and "num_clients" not in part and isinstance(part.get("path"), str):
+        count = _clients_in_split(part["path"])
+        if count is not None:  # the file decides how many clients there are; the partitioner checks the rest
+            part["num_clients"] = count
+    return {**user, "partition": part}
+
+
+def _clients_in_split(path: str) -> Optional[int]:
+    """Number of clients in a saved split (a run directory means its partition.json); None when unreadable."""
+    p = Path(path).expanduser()
+    p = p / "partition.json" if p.is_dir() else p
+    try:
+        clients = json.loads(p.read_text(encoding="utf-8")).get("clients")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return len(clients) if isinstance(clients, list) and clients else None
+
+
 def _composition(merged: Mapping[str, Any]) -> Optional["compose.Composition"]:
     """The trainer/aggregator composition of a merged config, or None while its sections are malformed (the
     section validation then reports them)."""
@@ -286,9 +344,14 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
 # Resuming -------------------------------------------------------------------------------------------------
 # Keys a resumed run may change (``fl run --resume DIR --set key=value``): they extend or observe a run without
 # changing what has been computed so far. Every other key is fixed by the checkpoint's configuration hash.
-RESUME_SAFE_KEYS = ("rounds", "eval.every", "eval.final_k", "checkpoint.every", "failures.on_client_error")
+# ``threads`` may change too, with a warning: later rounds then differ in the last digits (see Simulation.resume).
+RESUME_SAFE_KEYS = ("rounds", "eval.every", "eval.final_k", "checkpoint.every", "failures.on_client_error",
+                    "threads", "checkpoint.final", "clients.state_memory")
 # Where a run lives is not part of what it computes: a run directory may be moved or renamed.
 LOCATION_KEYS = ("output_dir", "run_name")
+# Keys added after checkpoints existed: at these values they compute what the configuration computed before the
+# key existed, so the fingerprint leaves them out and older run directories stay resumable.
+NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed": None, "dataset.normalize": "standard"}
 
 
 def _flat_keys(tree: Mapping[str, Any], prefix: str = "") -> List[str]:
@@ -310,12 +373,13 @@ def check_resume_overrides(sets: Mapping[str, Any]) -> None:
 def config_fingerprint(cfg: Mapping[str, Any]) -> str:
     """SHA-256 of the configuration minus the resume-safe and location keys (what a checkpoint must match)."""
     plain = to_plain(cfg)
-    for key in RESUME_SAFE_KEYS + LOCATION_KEYS:
+    for key in RESUME_SAFE_KEYS + LOCATION_KEYS + tuple(NEUTRAL_DEFAULTS):
         node = plain
         parts = key.split(".")
         for p in parts[:-1]:
             node = node.get(p, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict):
+        if isinstance(node, dict) and (key not in NEUTRAL_DEFAULTS or
+                                       node.get(parts[-1], NEUTRAL_DEFAULTS[key]) == NEUTRAL_DEFAULTS[key]):
             node.pop(parts[-1], None)
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
 

@@ -1,6 +1,7 @@
 """From a dataset to per-client tensors: load, partition, split per client, move to the device once."""
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,14 +58,40 @@ class DatasetBundle:
 
 @dataclass
 class ClientSplit:
+    """One client's train and test indices into the pooled dataset. A partitioner may return these instead of
+    plain index arrays; the core then uses them as given instead of splitting each client itself."""
+
     train: np.ndarray  # indices into the pooled dataset
     test: np.ndarray
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a partitioner may know about the dataset it partitions (passed as ``dataset=`` to partitioners that
+    declare a ``dataset`` parameter; older partitioners without it keep working)."""
+
+    name: str
+    options: Dict[str, Any]
+    num_samples: int
+    num_classes: int
+    input_shape: tuple
+    meta: Dict[str, Any]
+    class_names: Optional[List[str]] = None
+    group_names: Optional[List[str]] = None
+
+    @staticmethod
+    def of(cfg: EasyDict, bundle: DatasetBundle) -> "DatasetInfo":
+        return DatasetInfo(name=cfg.dataset.name, options={k: v for k, v in cfg.dataset.items() if k != "name"},
+                           num_samples=len(bundle.y), num_classes=bundle.task.output_dim,
+                           input_shape=tuple(bundle.input_shape), meta=dict(bundle.meta),
+                           class_names=bundle.class_names, group_names=bundle.group_names)
 
 
 @dataclass
 class FederatedData:
     bundle: DatasetBundle
     splits: List[ClientSplit]
+    dataset_name: Optional[str] = None  # recorded in partition.json, checked when the split is reused
 
     @property
     def num_clients(self) -> int:
@@ -90,7 +117,12 @@ class FederatedData:
                 "train_label_counts": np.bincount(labels[s.train], minlength=n_labels).tolist(),
                 "test_label_counts": np.bincount(labels[s.test], minlength=n_labels).tolist(),
             })
-        return {"num_clients": self.num_clients, "num_labels": n_labels, "clients": clients}
+        out: Dict[str, Any] = {"num_clients": self.num_clients, "num_labels": n_labels}
+        if self.dataset_name is not None:
+            out["dataset"] = self.dataset_name
+        out["num_samples"] = len(self.bundle.y)
+        out["clients"] = clients
+        return out
 
     def save(self, path: Path) -> None:
         doc = self.summary()
@@ -113,8 +145,9 @@ class FederatedData:
             raise DataError(f"partition file {path} lists no clients")
         return splits
 
-    def check_indices(self, source: str = "partition") -> None:
-        """Every client index must address a sample of the dataset, and each client needs 2 training samples."""
+    def check_indices(self, source: str = "partition", disjoint: bool = False) -> None:
+        """Every client index must address a sample of the dataset, and each client needs 2 training samples;
+        with ``disjoint`` (splits made outside the core) no sample may be in both a client's train and test set."""
         n = len(self.bundle.y)
         for cid, s in enumerate(self.splits):
             for part, idx in (("train", s.train), ("test", s.test)):
@@ -122,6 +155,11 @@ class FederatedData:
                     bad = int(idx.max() if idx.max() >= n else idx.min())
                     raise DataError(f"{source}: client {cid}'s {part} index {bad} is out of range for a dataset "
                                     f"of {n} samples")
+            if disjoint:
+                both = np.intersect1d(s.train, s.test)
+                if len(both):
+                    raise DataError(f"{source}: client {cid}'s sample {int(both[0])} is in both its train and its "
+                                    f"test set ({len(both)} shared)")
             if len(s.train) < 2:
                 raise DataError(f"{source}: client {cid} has {len(s.train)} training samples, it needs at least 2 "
                                 f"(lower split.test_ratio or give the client more data)")
@@ -197,15 +235,36 @@ def load_dataset(cfg: EasyDict) -> DatasetBundle:
     return bundle
 
 
-def partition_indices(cfg: EasyDict, bundle: DatasetBundle) -> List[np.ndarray]:
+def _takes_dataset(fn: Callable) -> bool:
+    """Whether a partitioner declares a ``dataset`` parameter (partitioners written before it existed do not)."""
+    try:
+        return "dataset" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def partition_indices(cfg: EasyDict, bundle: DatasetBundle) -> List[Any]:
+    """The partitioner's clients: index arrays (the core splits each into train/test) or ``ClientSplit``s (used
+    as given), never a mix."""
     partitioner = reg.PARTITIONERS.get(cfg.partition.name)
     args = {k: v for k, v in cfg.partition.items() if k not in ("name", "num_clients", "seed")}
+    if _takes_dataset(partitioner):
+        args["dataset"] = DatasetInfo.of(cfg, bundle)
     rng = np.random.default_rng(derive_seed(partition_seed(cfg), "partition"))
     parts = partitioner(labels=bundle.labels_for_partition(), num_clients=cfg.partition.num_clients, rng=rng,
                         groups=None if bundle.groups is None else bundle.groups.cpu().numpy(), **args)
     if len(parts) != cfg.partition.num_clients:
         raise DataError(f"partitioner '{cfg.partition.name}' produced {len(parts)} clients, "
                         f"expected partition.num_clients = {cfg.partition.num_clients}")
+    given = [isinstance(p, ClientSplit) for p in parts]
+    if any(given) and not all(given):
+        raise DataError(f"partitioner '{cfg.partition.name}' returned index arrays for some clients and train/test "
+                        f"splits (ClientSplit) for others; return one kind for all clients")
+    if all(given) and parts:
+        try:
+            return [ClientSplit(_index_array(p.train), _index_array(p.test)) for p in parts]
+        except ValueError as exc:
+            raise DataError(f"partitioner '{cfg.partition.name}': {exc}") from None
     return [np.asarray(p, dtype=np.int64) for p in parts]
 
 
@@ -213,8 +272,13 @@ def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
                          splits: Optional[List[ClientSplit]] = None) -> FederatedData:
     """Load, partition and split; the same config and seed always give the same clients."""
     bundle = bundle if bundle is not None else load_dataset(cfg)
+    name = cfg.dataset.name
     if splits is None:
         parts = partition_indices(cfg, bundle)
+        if parts and isinstance(parts[0], ClientSplit):  # the partitioner made the split: use it as given
+            fed = FederatedData(bundle, parts, name)
+            fed.check_indices(f"partitioner '{cfg.partition.name}'", disjoint=True)
+            return fed
         labels = bundle.labels_for_partition()
         rng = np.random.default_rng(derive_seed(partition_seed(cfg), "split"))
         splits = []
@@ -224,9 +288,9 @@ def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
                                 f"(raise the partitioner's min_size or lower partition.num_clients)")
             splits.append(split_train_test(idx, labels, rng, cfg.split.test_ratio,
                                            cfg.split.train_size, cfg.split.test_size))
-        fed = FederatedData(bundle, splits)
+        fed = FederatedData(bundle, splits, name)
         fed.check_indices("split")
         return fed
-    fed = FederatedData(bundle, splits)
+    fed = FederatedData(bundle, splits, name)
     fed.check_indices("saved partition")
     return fed

@@ -75,9 +75,21 @@ class History:
         return {"uniform": vals[i], "weighted": self.records[i].get(f"{self.metric}/weighted"),
                 "round": self.rounds[i]}
 
+    def best_weighted(self) -> Dict[str, Any]:
+        """The evaluation with the best sample-weighted (pooled) metric; its round may differ from ``best``'s."""
+        key = f"{self.metric}/weighted"
+        found = [(r, rec[key]) for r, rec in zip(self.rounds, self.records) if key in rec]
+        if not found:
+            return {"weighted": math.nan, "round": None}
+        pick = max if self.higher_is_better else min
+        rnd, val = pick(found, key=lambda t: t[1])  # the first of equal values, as np.argmax in best()
+        return {"weighted": val, "uniform": self.records[self.rounds.index(rnd)].get(f"{self.metric}/uniform"),
+                "round": rnd}
+
     def summary(self, k: int) -> Dict[str, Any]:
         return {"metric": self.metric, "higher_is_better": self.higher_is_better,
-                "final": self.final(k), "best": self.best(), "evaluations": len(self.records),
+                "final": self.final(k), "best": self.best(), "best_weighted": self.best_weighted(),
+                "evaluations": len(self.records),
                 "last": self.records[-1] if self.records else {}}
 
     def state_dict(self) -> Dict[str, Any]:

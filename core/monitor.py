@@ -1,8 +1,13 @@
-"""Run monitoring: TensorBoard event files plus a JSON-lines record of the same scalars."""
+"""Run monitoring: TensorBoard event files plus a JSON-lines record of the same scalars; per-round progress on the
+console and in ``run.log``."""
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
@@ -98,3 +103,119 @@ class RunLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+# Console progress and run.log ---------------------------------------------------------------------------------
+RUN_LOG_NAME = "run.log"
+
+
+def round_line(record: Dict[str, Any], total: int, metric: str, seconds: float) -> str:
+    """One round as one line: round, training loss, the test metric (uniform and weighted) when evaluated, time."""
+    pct = metric == "accuracy"
+    fmt = (lambda v: f"{100 * v:.2f}%") if pct else (lambda v: f"{v:.5f}")
+    parts = [f"round {record.get('round', '?')}/{total}"]
+    if "train_loss" in record:
+        parts.append(f"loss {record['train_loss']:.4f}")
+    if f"{metric}/uniform" in record:
+        parts.append(f"{metric} {fmt(record[f'{metric}/uniform'])} (weighted {fmt(record[f'{metric}/weighted'])})")
+    if record.get("client_failures"):
+        parts.append(f"{int(record['client_failures'])} client failure(s)")
+    parts.append(f"{seconds:.1f} s")
+    return "  ".join(parts)
+
+
+class _RunLogHandler(logging.Handler):
+    def __init__(self, sink: "RoundReporter"):
+        super().__init__(level=logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.sink.write_log(f"{record.levelname} {record.name}: {record.getMessage()}")
+        except Exception:  # a log file problem must never stop the run
+            self.handleError(record)
+
+
+def append_run_log(run_dir: Path, text: str) -> None:
+    """Add one time-stamped line to ``RUN_DIR/run.log`` (e.g. a warning issued before the run loop starts)."""
+    with (Path(run_dir) / RUN_LOG_NAME).open("a", encoding="utf-8") as f:
+        f.write(f"{datetime.now():%Y-%m-%d %H:%M:%S} {text}\n")
+
+
+class RoundReporter:
+    """Per-round progress for people and for batch jobs.
+
+    - a tqdm bar on stderr when stderr is a terminal;
+    - one line per round on stdout when stdout is not a terminal (a batch or cluster job's log) or when there is no
+      bar (stderr redirected), flushed at once;
+    - ``run.log`` in the run directory always: the same lines plus every warning logged during the run.
+
+    While the bar is drawn, log records and Python warnings are written above it instead of through it.
+    ``console=False`` (``--no-progress``) keeps the console quiet; run.log is still written.
+    """
+
+    def __init__(self, run_dir: Path, total: int, initial: int, desc: str, metric: str, console: bool = True):
+        self.run_dir = Path(run_dir)
+        self.total, self.initial, self.desc, self.metric = total, initial, desc, metric
+        self.console = console
+        self.bar = None
+        # lines whenever stdout is not a terminal, and also when no bar can be drawn (stderr redirected)
+        self.lines = console and (not _isatty(sys.stdout) or not _isatty(sys.stderr))
+        self._stack = contextlib.ExitStack()
+        self._file = None
+
+    def __enter__(self) -> "RoundReporter":
+        self._file = (self.run_dir / RUN_LOG_NAME).open("a", encoding="utf-8")
+        self._stack.callback(self._file.close)
+        handler = _RunLogHandler(self)
+        root = logging.getLogger()
+        if not root.handlers:  # used from Python without logging set up: keep warnings on the console too
+            console = logging.StreamHandler(sys.stderr)
+            console.setLevel(logging.WARNING)
+            root.addHandler(console)
+            self._stack.callback(root.removeHandler, console)
+        root.addHandler(handler)
+        self._stack.callback(root.removeHandler, handler)
+        if getattr(logging, "_warnings_showwarning", None) is None:  # not captured already (by the caller)
+            logging.captureWarnings(True)  # Python warnings go through logging: into run.log, above the bar
+            self._stack.callback(logging.captureWarnings, False)
+        if self.console and _isatty(sys.stderr):
+            from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            self.bar = tqdm(total=self.total, initial=self.initial, desc=self.desc, unit="round", dynamic_ncols=True)
+            self._stack.callback(self.bar.close)
+            self._stack.enter_context(logging_redirect_tqdm())
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        self._stack.close()
+        return False
+
+    def write_log(self, text: str) -> None:
+        if self._file is not None and not self._file.closed:
+            self._file.write(f"{datetime.now():%Y-%m-%d %H:%M:%S} {text}\n")
+            self._file.flush()
+
+    def note(self, text: str) -> None:
+        """A line for run.log only (run start, resume, end)."""
+        self.write_log(text)
+
+    def round(self, record: Dict[str, Any], seconds: float, postfix: Dict[str, str]) -> None:
+        line = round_line(record, self.total, self.metric, seconds)
+        self.write_log(line)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(postfix)
+        if self.lines:
+            if self.bar is not None:
+                self.bar.write(line, file=sys.stdout)
+            else:
+                print(line, file=sys.stdout, flush=True)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

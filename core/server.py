@@ -55,6 +55,12 @@ class ServerAggregator:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
 
+    @classmethod
+    def delivers_shared_state(cls) -> bool:
+        """True when every message this strategy sends carries the shared state (``params``), so a client that
+        declares its state need not keep the shared part between calls (ClientTrainer.declares_state)."""
+        return False
+
     def setup(self, comm) -> None:
         """Called once before round 1 (e.g. to pre-train a shared generative model)."""
 
@@ -89,6 +95,14 @@ class GlobalModelAggregator(ServerAggregator):
     """
 
     protocol = "global-model"
+
+    @classmethod
+    def delivers_shared_state(cls) -> bool:
+        # this class's messages all carry params; a subclass that changes what it sends says so itself
+        sending = ("setup", "run_round", "configure_fit", "aggregate_fit", "configure_evaluate")
+        if all(getattr(cls, m) is getattr(GlobalModelAggregator, m) for m in sending):
+            return True
+        return bool(vars(cls).get("sends_params_always", False))
 
     def __init__(self, ctx: ServerContext):
         super().__init__(ctx)

@@ -10,6 +10,7 @@ import signal
 import time
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -18,19 +19,24 @@ from easydict import EasyDict
 
 from . import compose
 from . import registry as reg
-from .backend import ExecutionBackend, SerialBackend
-from .checkpoint import checkpoint_exists, load_checkpoint, remove_orphaned_temporaries, save_checkpoint
-from .client import ClientContext
+from .backend import ExecutionBackend, SerialBackend, StateOptions, TrainerFactory
+from .checkpoint import (CHECKPOINT_NAME, checkpoint_exists, open_checkpoint, remove_orphaned_temporaries,
+                         save_checkpoint)
+from .clientstate import SPILL_DIR, parse_size
+from .client import ClientContext, can_pool
 from .comm import Communicator
 from .config import check_resume_overrides, config_fingerprint, deep_merge, to_plain
-from .data import ClientSplit, FederatedData, build_federated_data
-from .errors import CheckpointError, ConfigError, PflError
+from .data import FederatedData, build_federated_data
+from .errors import CheckpointError, ConfigError, DataError, PflError
 from .evaluation import History, per_client_metric, summarize
-from .monitor import RunLogger
+from .distributed.silent import SilentReporter, SilentRunLogger
+from .monitor import RoundReporter, RunLogger, append_run_log
 from .privacy import PrivacyGuard
 from .rundir import RunDirLock
 from .seeding import derive_seed, rng_state, seed_everything, set_rng_state
 from .server import ServerContext
+from .threads import effective_threads, torch_threads
+from . import runinfo
 
 log = logging.getLogger("pflkit")
 
@@ -48,10 +54,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 def make_model_factory(cfg: EasyDict, input_shape, output_dim: int, device: torch.device) -> Callable[[], torch.nn.Module]:
-    """Every call returns the same initial weights (seeded), on ``device``: clients and server start equal."""
+    """Every call returns the same initial weights (seeded), on ``device``: clients and server start equal.
+
+    The weights follow ``model.init_seed`` when set (so ``init_seed=s`` reproduces the initial model of a run with
+    ``seed=s`` while everything else follows the run seed), else the run seed."""
     builder = reg.MODELS.get(cfg.model.name)
-    args = {k: v for k, v in cfg.model.items() if k != "name"}
-    init_seed = derive_seed(cfg.seed, "model-init")
+    args = {k: v for k, v in cfg.model.items() if k not in ("name", "init_seed")}
+    init_seed = derive_seed(cfg.seed if cfg.model.get("init_seed") is None else cfg.model.init_seed, "model-init")
 
     def build() -> torch.nn.Module:
         with torch.random.fork_rng(devices=[]):
@@ -100,6 +109,26 @@ def default_run_dir(cfg: EasyDict) -> Path:
     return path
 
 
+# What a run directory holds before its first checkpoint (besides checkpoint temporaries)
+_START_ARTEFACTS = {".lock", "config.json", "partition.json", "metrics.jsonl", "summary.json", "run.log",
+                    "run_info.json", "run_info.json.tmp", "resumes.jsonl", "tb"}
+
+
+def _readable_config(path: Path) -> bool:
+    try:
+        return isinstance(json.loads((path / "config.json").read_text(encoding="utf-8")), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def is_dead_start(path: Path) -> bool:
+    """A run directory left by a start that was killed before it had anything to resume: no checkpoint, no
+    readable config.json, and nothing but pflkit's own start-up files. A new start may reuse it."""
+    if not path.is_dir() or checkpoint_exists(path) or _readable_config(path):
+        return False
+    return all(p.name in _START_ARTEFACTS or p.name == SPILL_DIR or p.name.endswith(".tmp") for p in path.iterdir())
+
+
 def prepare_run_dir(path: Path, exist_ok: bool = False) -> Path:
     if exist_ok and not path.is_dir():
         raise CheckpointError(f"{path} is not a run directory")
@@ -124,6 +153,22 @@ def strict_json(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [strict_json(v) for v in obj]
     return obj
+
+
+class _ClientStatesView(Mapping):
+    """cid -> what the backend keeps for that client, fetched only when asked for (checkpoints stream it)."""
+
+    def __init__(self, backend: ExecutionBackend, client_ids: List[int]) -> None:
+        self._backend, self._ids = backend, list(client_ids)
+
+    def __getitem__(self, cid: int) -> Any:
+        return self._backend.get_state(cid)
+
+    def __iter__(self):
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 class RunFailure(PflError):
@@ -165,6 +210,8 @@ class Simulation:
         self.cfg = cfg
         self.progress = progress
         self.device = resolve_device(cfg.device)
+        # a distributed run replicates this loop on every process; only the writer (rank 0) writes the run directory
+        self.is_writer = bool(getattr(backend, "is_writer", True))
         resuming = _resume_state is not None
         reuse_dir = resuming or _restart  # _restart: a run that died before its first checkpoint starts over
         run_dir = Path(run_dir) if run_dir else default_run_dir(cfg)
@@ -173,8 +220,15 @@ class Simulation:
         # data and model are checked before anything is written, so bad input leaves no run directory behind;
         # a resumed run reloads its saved partition
         splits = None
-        if reuse_dir and (run_dir / "partition.json").exists():
-            splits = FederatedData.load_splits(run_dir / "partition.json")
+        if (reuse_dir or not self.is_writer) and (run_dir / "partition.json").exists():
+            try:
+                splits = FederatedData.load_splits(run_dir / "partition.json")
+            except DataError:
+                if not _restart:
+                    raise
+                # nothing was computed on it yet: the configuration makes the same partition again
+                log.warning("%s is damaged and the run has no checkpoint: making its partition again from its "
+                            "configuration", run_dir / "partition.json")
         self.data = data if data is not None else build_federated_data(cfg, splits=splits)
         bundle = self.data.bundle
         self.task = bundle.task
@@ -182,19 +236,26 @@ class Simulation:
         check_model_fits_data(cfg, self.build_model, self.data, self.device)
         self.client_ids = list(range(self.data.num_clients))
 
-        self.run_dir = prepare_run_dir(run_dir, exist_ok=reuse_dir)
-        self._created_dir = not reuse_dir
+        # a directory left by a start killed before it wrote its configuration holds nothing to resume: reuse it
+        dead = self.is_writer and not reuse_dir and is_dead_start(run_dir)
+        if dead:
+            log.warning("%s holds no run (no configuration, no checkpoint: a start stopped early): reusing it",
+                        run_dir)
+        # the other processes of a distributed run use the directory rank 0 prepared, and only read it
+        self.run_dir = prepare_run_dir(run_dir, exist_ok=reuse_dir or dead) if self.is_writer else run_dir
+        self._created_dir = self.is_writer and not reuse_dir and not dead  # never remove one another start holds
         self._lock = RunDirLock(self.run_dir)
         try:
-            self._lock.acquire()
-            remove_orphaned_temporaries(self.run_dir)
-            if _restart:
-                for name in ("metrics.jsonl", "summary.json"):
-                    (self.run_dir / name).unlink(missing_ok=True)
-                shutil.rmtree(self.run_dir / "tb", ignore_errors=True)
-            if not resuming:
-                (self.run_dir / "config.json").write_text(json.dumps(to_plain(cfg), indent=2))
-                self.data.save(self.run_dir / "partition.json")
+            if self.is_writer:
+                self._lock.acquire()
+                remove_orphaned_temporaries(self.run_dir)
+                if _restart or dead:
+                    for name in ("metrics.jsonl", "summary.json"):
+                        (self.run_dir / name).unlink(missing_ok=True)
+                    shutil.rmtree(self.run_dir / "tb", ignore_errors=True)
+                if not resuming:
+                    (self.run_dir / "config.json").write_text(json.dumps(to_plain(cfg), indent=2))
+                    self.data.save(self.run_dir / "partition.json")
             self._start(cfg, backend, _resume_state, tensorboard)
         except BaseException:
             self.abandon()
@@ -229,10 +290,14 @@ class Simulation:
                 cid=cid, train=train, test=test, task=self.task, device=self.device, hp=trainer_hp,
                 train_cfg=cfg.train, build_model=self.build_model, num_clients=len(self.client_ids), seed=cfg.seed)
         self.backend = backend or SerialBackend()
-        self.backend.start(lambda cid: self.trainer_cls(self.contexts[cid]), self.client_ids)
+        # the backend owns the clients' state: one live trainer each, or (a trainer that declares its state) a
+        # pooled working trainer plus a store of declared states with a memory budget
+        state_opts = StateOptions(parse_size(cfg.get("clients", {}).get("state_memory")), self.run_dir / SPILL_DIR)
+        pooled = can_pool(self.trainer_cls, self.aggregator_cls)
+        self.backend.start(TrainerFactory(self.trainer_cls, self.contexts, pooled), self.client_ids, state_opts)
 
-        self.logger = RunLogger(self.run_dir, resume_from_round=_resume_state["round"] if resuming else None,
-                                tensorboard=tensorboard)
+        self.logger = (RunLogger if self.is_writer else SilentRunLogger)(
+            self.run_dir, resume_from_round=_resume_state["round"] if resuming else None, tensorboard=tensorboard)
         shared_keys = None
         shared_fn = getattr(self.trainer_cls, "shared_keys", None)
         if callable(shared_fn):
@@ -271,6 +336,10 @@ class Simulation:
 
         run_dir = Path(run_dir)
         cfg_path = run_dir / "config.json"
+        if is_dead_start(run_dir):
+            raise CheckpointError(f"{run_dir} has nothing to resume: its run was stopped while starting, before it "
+                                  f"saved its configuration. Start it again with the original fl run command (the "
+                                  f"same run_name reuses this directory)")
         if not run_dir.is_dir() or not cfg_path.is_file():
             raise CheckpointError(f"{run_dir} is not a run directory (no config.json)")
         try:
@@ -286,9 +355,10 @@ class Simulation:
             log.warning("%s has no checkpoint (the run stopped before its first one): starting it again from "
                         "round 0 with its saved configuration and partition", run_dir)
             sim = cls(cfg, run_dir=run_dir, _restart=True, **kwargs)
-            sim._record_resume(overrides, 0)
+            if sim.is_writer:
+                sim._record_resume(overrides, 0)
             return sim
-        header, state = load_checkpoint(run_dir)
+        header, state = open_checkpoint(run_dir)  # client states are read one at a time while restoring
         if header.get("config_sha256") != config_fingerprint(cfg):
             raise CheckpointError(
                 f"{cfg_path} does not match {run_dir / 'checkpoint.pt'} (checkpoint of algorithm "
@@ -298,13 +368,19 @@ class Simulation:
         done = int(header.get("round", 0))
         if cfg.rounds < done:
             raise ConfigError(f"rounds: {cfg.rounds} is invalid: the run has already completed {done} rounds")
-        threads = header.get("torch_threads")
-        if threads is not None and threads != torch.get_num_threads():
-            log.warning("this run was checkpointed with %s torch threads and resumes with %s: numbers will differ "
-                        "from an uninterrupted run from round %d on (set OMP_NUM_THREADS=%s to match)",
-                        threads, torch.get_num_threads(), done + 1, threads)
+        threads, now = header.get("torch_threads"), effective_threads(cfg)
+        warning = None
+        if threads is not None and threads != now:
+            warning = (f"this run was checkpointed with {threads} torch threads and resumes with {now}: numbers will "
+                       f"differ from an uninterrupted run from round {done + 1} on (resume with --set "
+                       f"threads={threads} to match)")
+            log.warning(warning)
         sim = cls(cfg, run_dir=run_dir, _resume_state=state, **kwargs)
+        if not sim.is_writer:
+            return sim
         sim._record_resume(overrides, done)
+        if warning:
+            append_run_log(run_dir, f"WARNING pflkit: {warning}")
         return sim
 
     def _record_resume(self, overrides: Dict[str, Any], from_round: int) -> None:
@@ -312,7 +388,7 @@ class Simulation:
         if overrides:
             (self.run_dir / "config.json").write_text(json.dumps(to_plain(self.cfg), indent=2))
         entry = {"time": datetime.now().isoformat(timespec="seconds"), "from_round": from_round,
-                 "overrides": overrides, "torch_threads": torch.get_num_threads()}
+                 "overrides": overrides, "torch_threads": effective_threads(self.cfg)}
         with (self.run_dir / "resumes.jsonl").open("a") as f:
             f.write(json.dumps(entry) + "\n")
 
@@ -322,7 +398,7 @@ class Simulation:
             "setup_done": self.setup_done,
             "setup_calls": self.setup_calls,
             "server": self.server.state_dict(),
-            "clients": {cid: self.backend.get_state(cid) for cid in self.client_ids},
+            "clients": _ClientStatesView(self.backend, self.client_ids),  # written one client at a time
             "history": self.history.state_dict(),
             "totals": dict(self.totals),
             "failures": list(self.failures),
@@ -345,8 +421,10 @@ class Simulation:
             raise CheckpointError(f"checkpoint {self.run_dir / 'checkpoint.pt'} does not fit this run: its clients "
                                   f"do not match the run's partition")
         self.server.load_state_dict(state["server"])
-        for cid, cstate in state["clients"].items():
-            self.backend.set_state(cid, cstate)
+        holds = getattr(self.backend, "holds", None)  # a distributed rank reads only its own clients' states
+        for cid in state["clients"]:
+            if holds is None or holds(cid):
+                self.backend.set_state(cid, state["clients"][cid])
         self.history.load_state_dict(state["history"])
         self.completed_round = int(state["round"])
         self.setup_done = bool(state["setup_done"])
@@ -356,6 +434,10 @@ class Simulation:
         set_rng_state(state["rng"])
 
     def checkpoint(self) -> None:
+        if not self.is_writer:  # rank 0 writes; the others send it their clients' states, in the same order
+            for cid in self.client_ids:
+                self.backend.get_state(cid)
+            return
         meta = {"config_sha256": config_fingerprint(self.cfg), "algorithm": self.cfg.algorithm,
                 "trainer": self.cfg.trainer.name, "aggregator": self.cfg.aggregator.name,
                 "round": self.completed_round, "num_clients": len(self.client_ids),
@@ -434,6 +516,9 @@ class Simulation:
         self.totals["bytes_up"] += record["bytes_up"]
         self.totals["bytes_down"] += record["bytes_down"]
         self.totals["failures"] += record["client_failures"]
+        rank_seconds = getattr(self.backend, "take_rank_seconds", None)  # distributed: the assignment's imbalance
+        if callable(rank_seconds):
+            record.update({f"rank_seconds/{r}": sec for r, sec in enumerate(rank_seconds())})
         self.logger.log_scalars({k: v for k, v in record.items() if isinstance(v, (int, float))})
         return self.logger.end_round()
 
@@ -442,46 +527,65 @@ class Simulation:
         """Run the remaining rounds (``stop_after``: pause after that round, as an interrupt would;
         ``stop_in_setup``: pause after that many resumable set-up steps)."""
         cfg = self.cfg
-        bar = None
-        if self.progress:
-            from tqdm import tqdm
-            bar = tqdm(total=cfg.rounds, initial=self.completed_round, desc=f"{cfg.algorithm}", unit="round",
-                       dynamic_ncols=True, disable=None)  # None: no bar when stderr is not a terminal
+        reporter = (RoundReporter if self.is_writer else SilentReporter)(self.run_dir, cfg.rounds, self.completed_round, f"{cfg.algorithm}",
+                                 self.task.metric_name, console=self.progress)
         interrupted = False
         failed = True
         try:
-            with _GracefulInterrupt() as stop:
+            # the run's thread setting holds for its rounds only; the process's own setting comes back afterwards
+            with torch_threads(cfg.threads), reporter, _GracefulInterrupt() as stop:
+                self._record_run_info(reporter)
                 if not self.setup_done:
                     interrupted = not self._run_setup(stop, stop_in_setup)
                 for rnd in ([] if interrupted else range(self.completed_round + 1, cfg.rounds + 1)):
+                    started = time.perf_counter()
                     record = self.run_round(rnd)
                     self.completed_round = rnd
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(self._postfix(record))
+                    reporter.round(record, time.perf_counter() - started, self._postfix(record))
                     if on_round is not None:
                         on_round(record)
                     last = rnd == cfg.rounds
-                    pause = stop.requested or (stop_after is not None and rnd >= stop_after)
-                    if last or pause or (cfg.checkpoint.every and rnd % cfg.checkpoint.every == 0):
+                    pause = self._stop_requested(stop) or (stop_after is not None and rnd >= stop_after)
+                    if (last and cfg.checkpoint.get("final", True)) or pause or \
+                            (cfg.checkpoint.every and rnd % cfg.checkpoint.every == 0):
                         self.checkpoint()
                     if pause and not last:
                         interrupted = True
                         break
+                reporter.note(f"{'paused' if interrupted else 'finished'} after round {self.completed_round} of "
+                              f"{cfg.rounds}")
             failed = False
         finally:
-            if bar is not None:
-                bar.close()
             self.logger.close()
             if failed:
                 self.abandon()  # removes the directory only if this start created it and nothing was saved
         try:
             result = self.summary()
             result["interrupted"] = interrupted
-            (self.run_dir / "summary.json").write_text(json.dumps(strict_json(result), indent=2, allow_nan=False))
+            if self.is_writer:
+                (self.run_dir / "summary.json").write_text(json.dumps(strict_json(result), indent=2,
+                                                                      allow_nan=False))
         finally:
             self._lock.release()
         return result
+
+    def _stop_requested(self, stop: "_GracefulInterrupt") -> bool:
+        """Ctrl-C seen; in a distributed run, seen by any process (they all stop after the same round)."""
+        any_rank = getattr(self.backend, "any_rank", None)
+        return any_rank(stop.requested) if callable(any_rank) else stop.requested
+
+    def _record_run_info(self, reporter: RoundReporter) -> None:
+        """Append this start or resume to run_info.json (versions, commit, command, threads, device, host)."""
+        if not self.is_writer:
+            return
+        earlier = runinfo.read(self.run_dir)
+        fresh = self.completed_round == 0 and not self.setup_done
+        event = "start" if not earlier else ("restart" if fresh else "resume")
+        entry = runinfo.collect(self.cfg, self.device, effective_threads(self.cfg), event, self.completed_round)
+        runinfo.append(self.run_dir, entry)
+        reporter.note(f"{event} at round {self.completed_round} of {self.cfg.rounds}: {self.cfg.algorithm} on "
+                      f"{self.cfg.dataset.name}, {entry['threads']} torch thread(s), device {entry['device']}, "
+                      f"host {entry['hostname']}, command: {entry['command']}")
 
     def _run_setup(self, stop: "_GracefulInterrupt", pause_after: Optional[int]) -> bool:
         """The set-up phase (round 0); True once complete, False when paused.
@@ -502,7 +606,7 @@ class Simulation:
         else:
             for n, _ in enumerate(steps_fn(self.channel), start=1):
                 self._take_setup_traffic()
-                pause = stop.requested or (pause_after is not None and n >= pause_after)
+                pause = self._stop_requested(stop) or (pause_after is not None and n >= pause_after)
                 if pause or self.cfg.checkpoint.every:
                     self.checkpoint()
                 if pause:
@@ -546,4 +650,9 @@ class Simulation:
             "bytes_up_total": self.totals["bytes_up"],
             "bytes_down_total": self.totals["bytes_down"],
             "client_failures": self.totals["failures"],
+            "checkpoint_bytes": self._checkpoint_bytes(),
         }
+
+    def _checkpoint_bytes(self) -> Optional[int]:
+        path = self.run_dir / CHECKPOINT_NAME
+        return path.stat().st_size if path.is_file() else None

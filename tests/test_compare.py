@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from pflkit.core.cli.compare import compare_command
@@ -228,3 +229,121 @@ def test_serial_runs_use_one_torch_thread_and_restore_it(tmp_path, monkeypatch):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
+
+
+# --- issue 16 item 3: failed and incomplete runs, rejected clients, progress lines, exit status ---------------
+
+TINY_CLI = ["--set", "rounds=2", "--set", "partition.num_clients=4", "--set", "model.name=mlp",
+            "--set", "model.hidden=[16]", "--set", "checkpoint.every=0", "--set", "device=cpu", "--no-progress"]
+
+
+def _faulty(registries_snapshot):
+    from pflkit.core import LocalSGDTrainer
+
+    class AlwaysRaises(LocalSGDTrainer):
+        def local_update(self):
+            raise RuntimeError("broken everywhere")
+
+    class NaNOnClientOne(LocalSGDTrainer):
+        def local_update(self):
+            loss = super().local_update()
+            if self.ctx.cid == 1:
+                with torch.no_grad():
+                    next(self.model.parameters()).fill_(float("nan"))
+            return loss
+
+    registries_snapshot.TRAINERS.register("always_raises", AlwaysRaises)
+    registries_snapshot.TRAINERS.register("nan_one", NaNOnClientOne)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_failed_run_is_recorded_and_the_others_go_on(tmp_path, registries_snapshot, jobs):
+    _faulty(registries_snapshot)
+    broken = "fedavg+trainer.name=always_raises"
+    lines = []
+    results = run_comparison([broken, "local"], [0], [TINY], tmp_path, jobs=jobs, echo=lines.append)
+    assert results["complete"] is False and not results["interrupted"]
+    [failed] = results["not_in_table"]
+    assert failed["label"] == broken and failed["status"] == "failed" and failed["rounds_completed"] == 0
+    assert failed["reason"].startswith("every selected client failed in round 1")
+    assert "broken everywhere" in failed["reason"] and "\n" not in failed["reason"]
+    assert results["results"][broken]["runs"] == [] and results["results"][broken]["final_uniform"]["n"] == 0
+    local = json.loads((tmp_path / "runs" / "local-seed0" / "summary.json").read_text())
+    assert results["results"]["local"]["final_uniform"]["mean"] == local["final"]["uniform"]  # it still ran
+    # one progress line per run, in the order they ended
+    assert len(lines) == 2 and all(re.match(r"\[[12]/2\] ", ln) for ln in lines)
+    assert any(f"{broken} seed 0: FAILED after 0/2 rounds: every selected client" in ln for ln in lines)
+    assert any("local seed 0: finished 2/2 rounds, final accuracy" in ln for ln in lines)
+    table = (tmp_path / "results.md").read_text()
+    assert f"| {broken} | n/a |" in table and "0 of 1" in table
+    assert f"- {broken}, seed 0: FAILED after 0 of 2 rounds (every selected client failed" in table
+
+
+def test_cli_exit_status_1_and_progress_lines_with_jobs(tmp_path, registries_snapshot):
+    _faulty(registries_snapshot)
+    runner = CliRunner()
+    res = runner.invoke(compare_command, ["--plugins", "fedavg+trainer.name=always_raises,fedavg", "--jobs", "2",
+                                          "--out", str(tmp_path / "o"), *TINY_CLI])
+    assert res.exit_code == 1, res.output
+    assert "Traceback" not in res.output and "1 run(s) not in the table (1 failed, 0 incomplete)" in res.output
+    progress = [ln for ln in res.output.splitlines() if re.match(r"\[\d/2\] ", ln)]
+    assert len(progress) == 2
+    assert res.output.index(progress[-1]) < res.output.index("| algorithm |")  # printed as runs end, before the table
+    ok = runner.invoke(compare_command, ["--plugins", "fedavg", "--jobs", "2", "--seeds", "0,1",
+                                         "--out", str(tmp_path / "ok"), *TINY_CLI])
+    assert ok.exit_code == 0, ok.output
+    assert "[1/2] fedavg seed" in ok.output and "[2/2] fedavg seed" in ok.output
+
+
+def test_clients_rejected_for_nan_are_counted(tmp_path, registries_snapshot):
+    _faulty(registries_snapshot)
+    spec = "fedavg+trainer.name=nan_one"
+    lines = []
+    results = run_comparison([spec, "fedavg"], [0, 1], [TINY], tmp_path, echo=lines.append)
+    assert results["complete"]
+    per_run = [json.loads((tmp_path / "runs" / f"{spec}-seed{s}" / "summary.json").read_text())["client_failures"]
+               for s in (0, 1)]
+    assert per_run == [2, 2]  # client 1 rejected in each of the 2 rounds
+    assert results["results"][spec]["client_failures"] == 4 and results["results"]["fedavg"]["client_failures"] == 0
+    assert [r["client_failures"] for r in results["results"][spec]["runs"]] == [2, 2]
+    row = next(ln for ln in (tmp_path / "results.md").read_text().splitlines() if ln.startswith(f"| {spec} |"))
+    assert row.endswith("| 4 |")
+    assert sum("2 client replies rejected" in ln for ln in lines) == 2
+
+
+def test_incomplete_runs_are_left_out_of_the_statistics_and_fail_the_cli(tmp_path, monkeypatch):
+    import pflkit.core.compare as compare
+    from pflkit.core import Simulation
+
+    real = compare._execute
+
+    def interrupted_on_seed1(cfg, run_dir, state, progress):
+        if run_dir.name.endswith("seed1"):  # as a Ctrl-C after round 1 would leave it
+            return Simulation(cfg, run_dir=run_dir, tensorboard=False).run(stop_after=1)
+        return real(cfg, run_dir, state, progress)
+
+    monkeypatch.setattr(compare, "_execute", interrupted_on_seed1)
+    runner = CliRunner()
+    sets = [*TINY_CLI, "--set", "checkpoint.every=1"]
+    res = runner.invoke(compare_command, ["--plugins", "fedavg", "--seeds", "0,1,2", "--out", str(tmp_path),
+                                          *sets])
+    assert res.exit_code == 130, res.output  # interrupted, as fl run after Ctrl-C
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["interrupted"] and not results["complete"]
+    seed0 = json.loads((tmp_path / "runs" / "fedavg-seed0" / "summary.json").read_text())
+    entry = results["results"]["fedavg"]
+    assert [r["seed"] for r in entry["runs"]] == [0]
+    assert entry["final_uniform"] == {"mean": seed0["final"]["uniform"], "std": 0.0, "n": 1}  # seed 1 not averaged in
+    assert [(r["seed"], r["status"], r["rounds_completed"], r["reason"]) for r in results["not_in_table"]] == [
+        (1, "incomplete", 1, "interrupted"), (2, "incomplete", 0, "not started")]
+    assert "| fedavg |" in res.output and "| 1 of 3 |" in res.output
+    assert "- fedavg, seed 1: incomplete after 1 of 2 rounds (interrupted)" in res.output
+    assert "[2/3] fedavg seed 1: incomplete, 1/2 rounds" in res.output
+    assert "rerun the same command to continue" in res.output
+    # rerunning finishes the comparison: seed 0 reused, seed 1 resumed, seed 2 run
+    monkeypatch.setattr(compare, "_execute", real)
+    again = runner.invoke(compare_command, ["--plugins", "fedavg", "--seeds", "0,1,2", "--out", str(tmp_path),
+                                            *sets])
+    assert again.exit_code == 0, again.output
+    assert "[1/3] fedavg seed 0: reused, finished earlier: 2/2 rounds" in again.output
+    assert json.loads((tmp_path / "results.json").read_text())["results"]["fedavg"]["final_uniform"]["n"] == 3

@@ -83,7 +83,9 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
     """Compare algorithms on the same data, partition and seeds: a results table and accuracy curves.
 
     Finished runs of an identical configuration already in OUT/runs are reused and interrupted ones resumed, so
-    rerunning the same command continues an interrupted comparison where it stopped.
+    rerunning the same command continues an interrupted comparison where it stopped. A line is printed as each run
+    ends. Only finished runs enter the table; when a run failed (its one-line reason is listed; the other runs go
+    on) or is incomplete, the exit status is 1 (after Ctrl-C: 130; bad input: 2).
     """
     from ..compare import run_comparison
 
@@ -98,9 +100,16 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
     click.echo(f"comparing {', '.join(algorithms)} over seeds {', '.join(map(str, seed_list))} -> {out_dir}"
                + (f" ({jobs} parallel jobs)" if jobs > 1 else ""))
     results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress,
-                             algorithm_layers=algo_layers, jobs=jobs)
+                             algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line))
     click.echo(Path(results["files"]["markdown"]).read_text())
     click.echo(f"table: {results['files']['markdown']}  (json: {results['files']['json']})\n"
                f"curves: {results['files']['plot']}")
-    if results["interrupted"]:
-        click.echo("interrupted: rerun the same command to continue (finished runs are reused)")
+    missing = results["not_in_table"]
+    if missing:
+        failed = sum(r["status"] == "failed" for r in missing)
+        click.echo(f"{len(missing)} run(s) not in the table ({failed} failed, {len(missing) - failed} incomplete)"
+                   + ("; rerun the same command to continue (finished runs are reused)" if results["interrupted"]
+                      else ""), err=True)
+        # failed or incomplete runs: a script must not take this table for the full comparison (Ctrl-C: 130, as
+        # fl run)
+        raise SystemExit(130 if results["interrupted"] else 1)

@@ -28,12 +28,20 @@ def _register_commands() -> None:
     from .compare import compare_command
 
     cli.add_command(compare_command)
+    from .plot import plot_command
+    from .export import export_command
+
+    cli.add_command(plot_command)
+    cli.add_command(export_command)
 
 
 _register_commands()
 
 
 def main() -> None:
+    from ..threads import apply_cli_default
+
+    apply_cli_default()  # one torch thread unless OMP_NUM_THREADS says otherwise (README, "Threads")
     cli(prog_name="fl")
 
 

@@ -29,11 +29,15 @@ def format_summary(result: Dict[str, Any]) -> str:
         (f"final {m}, sample-weighted", fmt(fin["weighted"])),
         (f"final {m}, std across clients", fmt(fin["std"])),
         (f"best {m}, uniform (round {best['round']})", fmt(best["uniform"])),
+        *([(f"best {m}, sample-weighted (round {result['best_weighted']['round']})",
+            fmt(result["best_weighted"]["weighted"]))] if "best_weighted" in result else []),
         (f"last round {m}, min / max client",
          f"{fmt(last.get(f'{m}/min'))} / {fmt(last.get(f'{m}/max'))}"),
         ("communication up / down", f"{result['bytes_up_total'] / 2**20:.1f} MiB / "
                                     f"{result['bytes_down_total'] / 2**20:.1f} MiB"),
         ("client failures", str(result["client_failures"])),
+        ("checkpoint", "none written" if result.get("checkpoint_bytes") is None
+         else f"{result['checkpoint_bytes'] / 2**20:.2f} MiB"),
     ]
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 40)
@@ -49,12 +53,16 @@ def format_summary(result: Dict[str, Any]) -> str:
               help="Continue the interrupted run in this run directory (--set may change rounds, eval.every, "
                    "eval.final_k, checkpoint.every, failures.on_client_error).")
 @click.option("--no-progress", is_flag=True, help="Do not draw the progress bar.")
+@click.option("--workers", type=int, default=None, metavar="N",
+              help="Run the clients in N local processes (torch.distributed, gloo); same numbers as one process.")
 @friendly_errors
 def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[str, ...],
-                resume_dir: Optional[str], no_progress: bool) -> None:
+                resume_dir: Optional[str], no_progress: bool, workers: Optional[int]) -> None:
     """Run a federated experiment (Ctrl-C stops after the current round and leaves a resumable run)."""
     from ..simulation import Simulation
 
+    if workers is not None or _torchrun_endpoint() is not None:
+        sys.exit(_run_distributed(plugin, config_file, sets, resume_dir, no_progress, workers))
     try:
         if resume_dir:
             if plugin or config_file:
@@ -87,3 +95,31 @@ def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[s
         click.echo(f"interrupted after round {result['rounds_completed']}; continue with:\n"
                    f"  fl run --resume {sim.run_dir}")
         sys.exit(INTERRUPTED)  # so that 'fl run ... && next' stops
+
+
+def _torchrun_endpoint():
+    from ..distributed.worker import torchrun_endpoint
+
+    return torchrun_endpoint()
+
+
+def _run_distributed(plugin: Optional[str], config_file: Optional[str], sets: Tuple[str, ...],
+                     resume_dir: Optional[str], no_progress: bool, workers: Optional[int]) -> int:
+    """``--workers N`` starts N local processes; under torchrun (RANK, WORLD_SIZE, ... set) this process is one."""
+    import logging
+
+    from ..distributed.launch import launch_local
+    from ..distributed.worker import RunRequest, run_process, torchrun_endpoint
+
+    req = RunRequest(plugin, config_file, tuple(sets), resume_dir, not no_progress,
+                     verbose=logging.getLogger().level <= logging.DEBUG)
+    endpoint = torchrun_endpoint()
+    if endpoint is not None:
+        if workers is not None:
+            raise ConfigError("--workers starts its own processes; under torchrun use --nproc-per-node instead")
+        return run_process(req, endpoint)
+    try:
+        return launch_local(req, workers)
+    except KeyboardInterrupt:
+        click.echo("stopped; continue from the last checkpoint with: fl run --resume RUN_DIR", err=True)
+        return INTERRUPTED

@@ -1,8 +1,11 @@
-"""``fl new-plugin NAME``: write an installable plugin package a third party can start from."""
+"""``fl new-plugin NAME [--kind algorithm|dataset|partitioner|model]``: write an installable plugin package a
+third party can start from: entry points in setup.cfg, the package, a test that runs it end to end."""
 from __future__ import annotations
 
+import keyword
 import re
 from pathlib import Path
+from typing import Optional
 
 import click
 
@@ -17,7 +20,7 @@ build-backend = "setuptools.build_meta"
 SETUP_CFG = """[metadata]
 name = {dist}
 version = 0.1.0
-description = {name}: a pflkit algorithm plugin
+description = {name}: a pflkit {kind} plugin
 
 [options]
 packages = {pkg}
@@ -26,13 +29,16 @@ install_requires =
     pflkit>=0.1
 
 [options.entry_points]
-pflkit.trainers =
-    {name} = {pkg}:{cls}Trainer
-pflkit.aggregators =
-    {name} = {pkg}:{cls}Aggregator
-pflkit.algorithms =
-    {name} = {pkg}:ALGORITHM
-"""
+{entry_points}"""
+
+# the entry-point groups (core/registry.py) each kind registers NAME in, and the object behind it
+ENTRY_POINTS = {
+    "algorithm": {"pflkit.algorithms": "{pkg}:ALGORITHM", "pflkit.trainers": "{pkg}:{cls}Trainer",
+                  "pflkit.aggregators": "{pkg}:{cls}Aggregator"},
+    "dataset": {"pflkit.datasets": "{pkg}:load_{name}"},
+    "partitioner": {"pflkit.partitioners": "{pkg}:partition_{name}"},
+    "model": {"pflkit.models": "{pkg}:build_{name}"},
+}
 
 INIT = '''"""{name}: a pflkit algorithm plugin.
 
@@ -99,22 +105,246 @@ A pflkit algorithm plugin.
     python -m pytest tests
 """
 
+DATASET_INIT = '''"""{name}: a pflkit dataset plugin.
+
+``load_{name}`` returns the pooled samples of one task as a DatasetBundle (inputs, targets, task, input shape);
+the core partitions them among clients and splits each client's share into train and test. This skeleton
+generates a seeded synthetic classification task (one Gaussian cluster per class), so it runs offline: replace
+the generation with reading your files from ``root``. Run it with:  fl run --plugin fedavg --set dataset.name={name}
+"""
+from typing import Optional
+
+import numpy as np
+import torch
+
+from pflkit.core import DataError, DatasetBundle, Param, classification
+
+
+def load_{name}(root: Optional[str] = None, download: bool = True, num_samples: int = 600, num_features: int = 16,
+                num_classes: int = 4, seed: int = 0) -> DatasetBundle:
+    """{name}: describe your dataset here (what the samples are, how many, where they come from)."""
+    if num_samples < 2 * num_classes:
+        raise DataError(f"dataset.num_samples = {{num_samples}} is too small for {{num_classes}} classes")
+    rng = np.random.default_rng(seed)  # the data depend on dataset.seed only, never on the run seed
+    centers = rng.normal(0.0, 2.0, size=(num_classes, num_features))
+    y = rng.integers(0, num_classes, size=num_samples)
+    x = centers[y] + rng.normal(0.0, 1.0, size=(num_samples, num_features))
+    return DatasetBundle(x=torch.tensor(x, dtype=torch.float32), y=torch.tensor(y, dtype=torch.long),
+                         task=classification(num_classes), input_shape=(num_features,),
+                         class_names=[f"class{{k}}" for k in range(num_classes)],
+                         meta={{"source": "synthetic Gaussian clusters", "seed": seed}})
+
+
+# every option is declared, so `fl show {name}` documents it and a typo in --set is an error
+load_{name}.params = {{
+    "num_samples": Param(600, "samples generated", check=lambda v: None if v > 0 else "must be > 0"),
+    "num_features": Param(16, "input features per sample", check=lambda v: None if v > 0 else "must be > 0"),
+    "num_classes": Param(4, "classes", check=lambda v: None if v >= 2 else "must be >= 2"),
+    "seed": Param(0, "generation seed"),
+}}
+'''
+
+DATASET_TEST = '''import torch
+
+from pflkit.core.testing import quick_run
+from {pkg} import load_{name}
+
+
+def test_{name}_is_deterministic_and_well_formed():
+    a, b = load_{name}(seed=1), load_{name}(seed=1)
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert a.x.shape == (600, 16) and set(a.y.tolist()) == set(range(4))
+
+
+def test_{name}_runs_end_to_end(tmp_path):
+    result = quick_run("fedavg", tmp_path, {{"dataset": {{"name": "{name}"}}}})
+    assert result["rounds_completed"] == 2 and result["dataset"] == "{name}"
+    assert 0.0 <= result["final"]["uniform"] <= 1.0
+'''
+
+PARTITIONER_INIT = '''"""{name}: a pflkit partitioner plugin.
+
+A partitioner divides the pooled dataset's sample indices among the clients:
+``(labels, num_clients, rng, groups=None, **params) -> one index array per client``, a true partition (no sample
+on two clients); the core then splits each client's share into train and test. ``groups`` holds each sample's
+natural owner when the dataset has one. Draw every random number from ``rng``: the run's partition seed fixes it.
+This skeleton is a quantity skew: client sizes are Dirichlet(beta) shares on top of a guaranteed ``min_size``, the
+samples random (labels stay IID). Run it with:  fl run --plugin fedavg --set partition.name={name}
+"""
+from typing import List, Optional
+
+import numpy as np
+
+from pflkit.core import DataError, Param
+
+
+def partition_{name}(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+                     groups: Optional[np.ndarray] = None, beta: float = 0.5, min_size: int = 10) -> List[np.ndarray]:
+    """{name}: quantity skew, client sizes ~ Dirichlet(beta) shares above min_size, labels IID."""
+    n = len(labels)
+    if n < num_clients * min_size:
+        raise DataError(f"cannot give {{num_clients}} clients at least {{min_size}} samples each from {{n}} samples")
+    shares = rng.dirichlet(np.full(num_clients, beta))
+    sizes = min_size + rng.multinomial(n - num_clients * min_size, shares)
+    order = rng.permutation(n)
+    return [np.sort(part) for part in np.split(order, np.cumsum(sizes)[:-1])]
+
+
+partition_{name}.params = {{
+    "beta": Param(0.5, "Dirichlet concentration of the client sizes (smaller = more unequal)",
+                  check=lambda v: None if v > 0 else "must be > 0"),
+    "min_size": Param(10, "minimum samples per client (guaranteed)",
+                      check=lambda v: None if v >= 2 else "must be >= 2 (one train and one test sample)"),
+}}
+'''
+
+PARTITIONER_TEST = '''import json
+
+import numpy as np
+
+from pflkit.core.testing import quick_run
+from {pkg} import partition_{name}
+
+
+def test_{name}_is_a_true_partition():
+    labels = np.arange(500) % 10
+    parts = partition_{name}(labels, 7, np.random.default_rng(0), min_size=20)
+    together = np.concatenate(parts)
+    assert len(parts) == 7 and min(len(p) for p in parts) >= 20
+    assert np.array_equal(np.sort(together), np.arange(500))  # every sample exactly once
+
+
+def test_{name}_runs_end_to_end(tmp_path):
+    result = quick_run("fedavg", tmp_path, {{"partition": {{"name": "{name}"}}}})
+    assert result["rounds_completed"] == 2
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["partition"]["name"] == "{name}"
+'''
+
+MODEL_INIT = '''"""{name}: a pflkit model plugin.
+
+A model builder takes the dataset's ``input_shape`` and ``num_classes`` (plus its declared options) and returns
+a SplitModel: ``features`` ending in a flat vector of ``feature_dim`` values, then a ``head``. Personalisation
+algorithms (FedPer, FedRep, FedCP, ...) rely on that split. This skeleton is a two-layer MLP feature extractor
+with a linear head. Run it with:  fl run --plugin fedavg --set model.name={name}
+"""
+import math
+from typing import Sequence
+
+from torch import nn
+
+from pflkit.core import Param
+from pflkit.models.base import SplitModel
+
+
+def build_{name}(input_shape: Sequence[int], num_classes: int, width: int = 64) -> SplitModel:
+    """{name}: flatten -> 2 x (Linear -> ReLU) features -> Linear head."""
+    features = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width), nn.ReLU(),
+                             nn.Linear(width, width), nn.ReLU())
+    return SplitModel(features, nn.Linear(width, num_classes), width)
+
+
+build_{name}.params = {{
+    "width": Param(64, "hidden width (= feature_dim)", check=lambda v: None if v > 0 else "must be > 0"),
+}}
+'''
+
+MODEL_TEST = '''import torch
+
+from pflkit.core.testing import quick_run
+from {pkg} import build_{name}
+
+
+def test_{name}_has_a_feature_head_split():
+    model = build_{name}((1, 8, 8), 10, width=32)
+    x = torch.zeros(3, 1, 8, 8)
+    assert model.features(x).shape == (3, 32) == (3, model.feature_dim)
+    assert model(x).shape == (3, 10)
+
+
+def test_{name}_runs_end_to_end(tmp_path):
+    result = quick_run("fedavg", tmp_path, {{"model": {{"name": "{name}"}}}})
+    assert result["rounds_completed"] == 2
+    assert 0.0 <= result["final"]["uniform"] <= 1.0
+'''
+
+KIND_README = """# {name}
+
+A pflkit {kind} plugin.
+
+    pip install -e .
+    {run}
+    fl show {name}
+    python -m pytest tests
+"""
+
+# per kind: (package __init__, test, the command that uses it, what the skeleton holds)
+KINDS = {
+    "algorithm": (INIT, TEST, "fl run --plugin {name}", "trainer, aggregator, algorithm, test"),
+    "dataset": (DATASET_INIT, DATASET_TEST, "fl run --plugin fedavg --set dataset.name={name}",
+                "dataset loader with declared options, test"),
+    "partitioner": (PARTITIONER_INIT, PARTITIONER_TEST, "fl run --plugin fedavg --set partition.name={name}",
+                    "partitioner with declared options, test"),
+    "model": (MODEL_INIT, MODEL_TEST, "fl run --plugin fedavg --set model.name={name}",
+              "model builder with a feature/head split, test"),
+}
+
+
+def _taken(name: str, kind: str, pkg: str, dist: str) -> Optional[str]:
+    """Why NAME cannot be used for a KIND plugin, or None: the name is registered in one of the kind's groups,
+    or the package or distribution exists (installing the new one would replace it)."""
+    from importlib.util import find_spec
+
+    from ..registry import ALL_REGISTRIES, metadata
+
+    for group in ENTRY_POINTS[kind]:
+        registry = ALL_REGISTRIES[group.split(".", 1)[1]]
+        if name in registry.names():
+            owners = [e.dist for e in registry.entries() if e.name == name] or \
+                [e.dist for e in registry.conflicts().get(name, [])]
+            return (f"{registry.kind} '{name}' is already registered (by {', '.join(owners) or 'another package'}); "
+                    f"a second one would clash with it: choose another name")
+    try:
+        metadata.distribution(dist)
+        return f"a distribution '{dist}' is already installed; installing '{name}' would replace it: choose another name"
+    except metadata.PackageNotFoundError:
+        pass
+    if find_spec(pkg) is not None:
+        return f"a package '{pkg}' is already importable; choose another name"
+    return None
+
 
 @click.command("new-plugin")
 @click.argument("name")
+@click.option("--kind", "kind", type=click.Choice(sorted(KINDS)), default="algorithm", show_default=True,
+              help="What the package provides.")
 @click.option("--dir", "parent", default=".", type=click.Path(file_okay=False), show_default=True,
               help="Folder in which the package folder is created.")
 @friendly_errors
-def new_plugin_command(name: str, parent: str) -> None:
-    """Write a working plugin package skeleton (trainer, aggregator, algorithm, test)."""
+def new_plugin_command(name: str, kind: str, parent: str) -> None:
+    """Write a working, installable plugin package skeleton with a test.
+
+    --kind algorithm: trainer, aggregator, algorithm; dataset: a loader; partitioner: a partition function;
+    model: a model builder with a feature/head split. NAME must not be registered already.
+    """
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ConfigError(f"plugin name {name!r}: use lowercase letters, digits and '_', starting with a letter")
+    if keyword.iskeyword(name):  # it names a Python function or class in the package
+        raise ConfigError(f"plugin name {name!r} is a Python keyword; choose another name")
+    pkg = f"pflkit_{name}"
+    dist = f"pflkit-{name.replace('_', '-')}"
+    reason = _taken(name, kind, pkg, dist)
+    if reason is not None:
+        raise ConfigError(f"new-plugin {name}: {reason}")
     root = Path(parent) / name
     if root.exists():
         raise ConfigError(f"{root} already exists; choose another name or --dir")
-    pkg = f"pflkit_{name}"
     cls = "".join(part.capitalize() for part in name.split("_"))
-    fields = {"name": name, "pkg": pkg, "cls": cls, "dist": f"pflkit-{name.replace('_', '-')}"}
+    fields = {"name": name, "pkg": pkg, "cls": cls, "dist": dist, "kind": kind}
+    init, test, run, holds = KINDS[kind]
+    fields["run"] = run.format(**fields)
+    fields["entry_points"] = "".join(f"{group} =\n    {name} = {target.format(**fields)}\n"
+                                     for group, target in ENTRY_POINTS[kind].items())
     try:
         (root / pkg).mkdir(parents=True)
         (root / "tests").mkdir()
@@ -122,7 +352,7 @@ def new_plugin_command(name: str, parent: str) -> None:
         raise ConfigError(f"cannot create {root}: {exc.strerror}") from exc
     (root / "pyproject.toml").write_text(PYPROJECT)
     (root / "setup.cfg").write_text(SETUP_CFG.format(**fields))
-    (root / pkg / "__init__.py").write_text(INIT.format(**fields))
-    (root / "tests" / f"test_{name}.py").write_text(TEST.format(**fields))
-    (root / "README.md").write_text(README.format(**fields))
-    click.echo(f"created plugin package {root}\nnext:\n  pip install -e {root}\n  fl run --plugin {name}")
+    (root / pkg / "__init__.py").write_text(init.format(**fields))
+    (root / "tests" / f"test_{name}.py").write_text(test.format(**fields))
+    (root / "README.md").write_text((README if kind == "algorithm" else KIND_README).format(**fields))
+    click.echo(f"created {kind} plugin package {root} ({holds})\nnext:\n  pip install -e {root}\n  {fields['run']}")

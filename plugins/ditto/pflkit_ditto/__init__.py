@@ -24,7 +24,8 @@ import torch
 
 from pflkit.core import Algorithm, LocalSGDTrainer, Param, make_optimizer, run_sgd
 from pflkit.core.params import non_negative, positive
-from pflkit.core.state import proximal_term
+from pflkit.core.client import host_copy
+from pflkit.core.state import load_into, proximal_term
 
 __all__ = ["DittoTrainer", "ALGORITHM"]
 
@@ -75,6 +76,8 @@ class DittoTrainer(LocalSGDTrainer):
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         if "params" in payload:
             self.receive(payload["params"])
+        else:
+            self.require_shared()
         personal = self.personal_update()  # first, while self.model still holds w^t
         loss = self.local_update()  # FedAvg's local solver on the global model
         return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": loss,
@@ -89,6 +92,17 @@ class DittoTrainer(LocalSGDTrainer):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.personal.load_state_dict(state["personal"])
+
+    # declared state: the personal model v_k (plus the global model's unshared keys, if any); w^t arrives with
+    # every message, and the parameter lists built in __init__ point into the pooled modules, which stay put
+    declares_state = True
+
+    def client_state(self) -> Dict[str, Any]:
+        return {**super().client_state(), "personal": host_copy(self.personal.state_dict())}
+
+    def load_client_state(self, state: Dict[str, Any]) -> None:
+        super().load_client_state(state)
+        load_into(self.personal, state["personal"])
 
 
 ALGORITHM = Algorithm(

@@ -10,6 +10,9 @@ class FedAvgTrainer(LocalSGDTrainer):
     """Local SGD from the received global model; uploads the whole model."""
 
     description = "local SGD from the global model, uploads the whole model"
+    # every message brings the whole shared model, so a client keeps only the keys the server never sends
+    # (none, or the BN statistics with bn_stats=local): clients run pooled and cost no memory of their own
+    declares_state = True
 
 
 class FedAvgAggregator(GlobalModelAggregator):

@@ -36,6 +36,7 @@ class FedBNTrainer(LocalSGDTrainer):
 
     description = "local SGD; uploads all layers except BatchNorm (affine and statistics stay local)"
     params = {}  # BN handling is the algorithm itself: the core's bn_stats option does not apply
+    declares_state = True  # the client's state: its BatchNorm layers (the keys it does not share)
 
     @classmethod
     def shared_keys(cls, model: nn.Module, hp: EasyDict) -> List[str]:

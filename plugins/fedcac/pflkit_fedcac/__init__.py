@@ -7,7 +7,7 @@ Eq. (5) ``|delta theta * theta|``, marks the top-tau fraction of every tensor cr
 (Eq. 7), lets each client share its critical parameters only with clients above the threshold (Eq. 8, 10) and its
 non-critical ones with everybody (Eq. 9), and sends each client ``u_i * M_i + w_bar * (1 - M_i)`` (Eq. 11).
 
-Defaults and readings (see NOTES.md and the plugin README):
+Defaults and readings (each explained in the plugin README, "Readings and deviations"):
 - overlap = 'similarity' (the authors' code, ``1 - |Mi - Mj|_1 / (2|Mi|)``) is the default, as the threshold
   schedule is designed for it; the paper's printed normalised distance is ``aggregator.overlap=distance``.
 - Eq. (9) averages uniformly as printed; ``aggregator.global_weighting=samples`` weights by sample count as the

@@ -37,6 +37,14 @@ class FedCACTrainer(LocalSGDTrainer):
                            "Eq. 5 (the method), random, reverse = least sensitive", choices=SELECTIONS),
     }
 
+    # declared state: the whole personal model (no message brings it back: 'fit' carries nothing, 'update' only
+    # the shared parameters); nothing else survives a call
+    declares_state = True
+    needs_shared_delivery = False
+
+    def client_keys(self) -> List[str]:
+        return list(self.model.state_dict())
+
     @classmethod
     def shared_keys(cls, model: nn.Module, hp: EasyDict) -> List[str]:
         """Trainable parameters, never a batch-norm statistic (those are buffers and stay local)."""

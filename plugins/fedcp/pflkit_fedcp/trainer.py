@@ -31,7 +31,7 @@ class FedCPTrainer(ClientTrainer):
     """FedCP client: personalized extractor W_i^fe, personalized head W_i^hd and CPN Theta_i are trained; the
     received global extractor W^fe and global head W^hd are frozen (Algorithm 1, lines 7-14).
 
-    Defaults follow the paper; where the authors' code differs (NOTES.md) the paper is the default:
+    Defaults follow the paper; where the authors' code (TsingZ0/FedCP, PFLlib) differs, the paper is the default:
     ``policy=softmax`` (Eq. 4; the code's Gumbel noise, also at test time, is ``policy=gumbel``),
     ``client_vector_init=head`` (v_i from the personal head from the first iteration, Algorithm 1 line 10; the
     code's uniform random first vector is ``random``). Which clients receive the new global modules is the

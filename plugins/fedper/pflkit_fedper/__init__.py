@@ -31,6 +31,7 @@ class FedPerTrainer(LocalSGDTrainer):
     """Trains base + personal head together; uploads only the base layers (``features.*``)."""
 
     description = "local SGD on the whole model; uploads only the base layers (features.*), the head stays local"
+    declares_state = True  # the client's state: the keys it does not share, i.e. its head
 
     @classmethod
     def shared_keys(cls, model: nn.Module, hp: EasyDict) -> List[str]:

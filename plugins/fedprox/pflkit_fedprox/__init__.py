@@ -27,6 +27,8 @@ class FedProxTrainer(LocalSGDTrainer):
     """Local SGD on F_k(w) + mu/2 ||w - w^t||^2 (Eq. 2); uploads the whole model like FedAvg."""
 
     description = "local SGD on the proximal objective F_k(w) + mu/2 ||w - w^t||^2 (Eq. 2)"
+    # as FedAvg: the anchor w^t is set by every 'fit' before it is read, so it is not per-client state
+    declares_state = True
     params = {
         **LocalSGDTrainer.params,
         "mu": Param(0.01, "proximal coefficient mu of Eq. 2 (default 0.01; the paper tunes mu per dataset over "

@@ -46,6 +46,7 @@ class FedRepTrainer(FedPerTrainer):
     """Head first (body frozen), then body (head frozen); uploads only the body (``features.*``)."""
 
     description = "trains the local head (body frozen), then the body (head frozen); uploads only the body"
+    declares_state = True  # the head (head_loss/body_loss are set and read within one 'fit')
     params = {
         **FedPerTrainer.params,
         "head_epochs": Param(10, "local epochs of head-only training per round (default 10, the paper's; on the "

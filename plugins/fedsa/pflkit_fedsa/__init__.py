@@ -1,4 +1,4 @@
-"""FedSA (Wang, Liao, Yuan, Zhang: "the Key of Parameter Skew in Federated Learning").
+"""FedSA (Wang, Liao, Yuan, Zhang: "The Key of Parameter Skew in Federated Learning", arXiv:2408.11278, 2024).
 
 A server aggregation rule for the "global-model" protocol. Per layer, entries whose coefficient of variation
 across the clients is high (Eq. 2-6) are aggregated through Micro-Classes (per-entry deviation categories,
@@ -9,7 +9,7 @@ Because ``FedSAAggregator`` only overrides ``GlobalModelAggregator.combine``, it
 of the "global-model" protocol by configuration alone: the ``fedsa`` algorithm uses FedAvg's trainer
 (the paper's "FedSA"), and e.g. ``--set trainer.name=fedprox`` gives FedProx clients with FedSA aggregation.
 
-Interpretation choices (the paper is ambiguous; defaults follow ``shared/papers/NOTES.md``):
+Interpretation choices (the paper is ambiguous; each is also listed in the plugin README):
 
 * ``cv_norm`` -- Eq. 5 min-max normalises the coefficient of variation within a layer (default "minmax", as
   printed). Since cv divides by ``|mu|``, entries whose client mean is near zero reach huge cv values and squeeze

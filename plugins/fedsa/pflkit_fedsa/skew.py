@@ -1,4 +1,5 @@
-"""The pure mathematics of FedSA (Wang, Liao, Yuan, Zhang: "the Key of Parameter Skew in Federated Learning").
+"""The pure mathematics of FedSA (Wang, Liao, Yuan, Zhang: "The Key of Parameter Skew in Federated Learning",
+arXiv:2408.11278, 2024).
 
 Everything here works on tensors and knows nothing about clients, messages or configuration; the aggregator in
 ``pflkit_fedsa`` wires it to the round protocol. Equation numbers are the paper's (Section 3).
@@ -6,7 +7,7 @@ Everything here works on tensors and knows nothing about clients, messages or co
 Notation: one "layer" ``j`` is one state tensor (weights and biases separately), flattened to ``M`` entries; the
 ``K`` client copies are stacked into ``w_j`` of shape ``(K, M)``.
 
-Reading of the badly typeset method section (see ``shared/papers/NOTES.md``, FedSA):
+Reading of the badly typeset method section (also in the plugin README, "What is computed"):
 
 * Eq. 2-4: ``mu = mean_k w``; ``s = (w - mu)^2`` (K x M, the "square deviation"); ``cv = sqrt(mean_k s) / |mu|``.
 * Eq. 5-6: min-max normalise ``cv`` within the layer; high-dispersion where the normalised value exceeds ``cv_t``.

@@ -12,6 +12,11 @@ class LocalTrainer(LocalSGDTrainer):
 
     protocol = "local"
     description = "trains alone; uploads nothing but its loss"
+    declares_state = True
+    needs_shared_delivery = False
+
+    def client_keys(self):
+        return list(self.model.state_dict())  # nothing is ever received: the whole model is the client's own
 
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         return {"num_samples": self.ctx.num_train, "train_loss": self.local_update()}

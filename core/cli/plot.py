@@ -1,0 +1,32 @@
+"""``fl plot RUN_DIR...``: redraw accuracy and loss curves from existing run directories."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Tuple
+
+import click
+
+from .common import friendly_errors
+
+
+@click.command("plot")
+@click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR...")
+@click.option("--out", "-o", "out", default="curves.png", show_default=True, type=click.Path(dir_okay=False),
+              help="Image to write; the format follows the extension (png, pdf, svg).")
+@click.option("--band", type=click.Choice(["p10-p90", "min-max", "std", "none"]), default="p10-p90",
+              show_default=True, help="Across-client spread drawn around each run's uniform curve.")
+@friendly_errors
+def plot_command(run_dirs: Tuple[str, ...], out: str, band: str) -> None:
+    """Redraw metric and loss curves of existing run directories.
+
+    Per run: the test metric per evaluated round, uniform and weighted, with the across-client spread as a band,
+    and the train and test loss; nothing is rerun."""
+    from ..rundata import load_runs
+    from ..runplot import plot_runs
+
+    runs = load_runs([Path(d) for d in run_dirs])
+    drawn = plot_runs(runs, Path(out), band=band)
+    click.echo(f"{out}: {drawn} run(s), {runs[0].metric} and loss per round")
+    for run in runs:
+        if run.status != "finished":
+            click.echo(f"note: {run.label} is not finished ({run.status}, {run.records[-1]['round']} rounds logged)")

@@ -1,0 +1,272 @@
+"""``DistributedBackend``: one process per rank, each running its own clients through an inner local backend.
+
+Every rank runs the whole simulation loop (server strategy included) on the same inputs, so every call reaches
+``execute`` on every rank with the same messages. Each rank executes the calls of the clients it owns with its
+inner backend (built like the simulation's default one) and all ranks exchange the results, merged in canonical
+client order: every rank then holds exactly what the serial backend would have returned, and the replicated server
+computes exactly the serial run's aggregates. Client state never leaves its owner, except to rank 0 when a
+checkpoint is written (``get_state`` is a collective for that reason).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..backend import Call, CallResult, ExecutionBackend, SerialBackend, StateOptions
+from ..errors import ConfigError, PflError
+from ..protocol import BitMask
+from ..seeding import rng_state, set_rng_state
+from .assign import assign_clients, describe, sgd_steps
+
+
+class WorkerLost(PflError):
+    """A collective failed: another process of the run died, or did not answer within the timeout."""
+
+
+class _OnDevice:
+    """A tensor that lived on an accelerator, sent as a CPU copy and put back on the receiver's own device
+    (a pickled CUDA tensor would otherwise be rebuilt on the sender's GPU index)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class _DataView:
+    """A reply tensor that shares storage with its client's data (the privacy check refuses it): sent as its
+    place in that data and rebuilt as the same view of the receiver's copy, so every rank refuses it alike."""
+
+    __slots__ = ("which", "offset", "size", "stride")
+
+    def __init__(self, which: int, t: torch.Tensor) -> None:
+        self.which, self.offset, self.size, self.stride = which, t.storage_offset(), tuple(t.size()), tuple(t.stride())
+
+
+class _Foreign:
+    """A value that is not plain data (the privacy check refuses it by its type name): sent as that name only, so
+    anything, picklable or not, is refused alike on every rank."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+_PLAIN = (bool, int, float, str, type(None), BitMask)
+
+
+def _storage(t: torch.Tensor) -> Optional[int]:
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
+
+
+def _rebuild(obj: Any, items: List[Any]) -> Any:
+    """``obj`` with new children ``items``; ``obj`` itself when none changed (a state_dict keeps its metadata)."""
+    old = list(obj.items()) if isinstance(obj, dict) else list(obj)
+    if len(old) == len(items) and all(a is b or (isinstance(a, tuple) and a[0] is b[0] and a[1] is b[1])
+                                      for a, b in zip(old, items)):
+        return obj
+    try:
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)  # namedtuple, or dict/list/tuple
+    except TypeError:
+        return dict(items) if isinstance(obj, dict) else type(obj).__mro__[-2](items)
+
+
+def _to_portable(obj: Any, data: Optional[List[torch.Tensor]]) -> Any:
+    """``obj`` made safe to pickle and to rebuild identically elsewhere. ``data``: the client's data tensors, for a
+    reply (whose non-plain values become their type names, as the privacy check sees them); None for a state."""
+    if isinstance(obj, torch.Tensor):
+        ptr = _storage(obj)
+        for k, d in enumerate(data or []):
+            if ptr is not None and ptr == _storage(d):
+                return _DataView(k, obj)
+        return obj if obj.device.type == "cpu" else _OnDevice(obj.detach().cpu())
+    if isinstance(obj, dict):
+        return _rebuild(obj, [(k if data is None or isinstance(k, (str, int)) else _Foreign(type(k).__name__),
+                               _to_portable(v, data)) for k, v in obj.items()])
+    if isinstance(obj, (list, tuple)):
+        return _rebuild(obj, [_to_portable(v, data) for v in obj])
+    if data is None or isinstance(obj, _PLAIN):
+        return obj
+    return _Foreign(type(obj).__name__)
+
+
+def _from_portable(obj: Any, device: torch.device, data: List[torch.Tensor]) -> Any:
+    if isinstance(obj, _OnDevice):
+        return obj.tensor.to(device)
+    if isinstance(obj, _DataView):
+        return data[obj.which].as_strided(obj.size, obj.stride, obj.offset)
+    if isinstance(obj, _Foreign):
+        return type(obj.name, (), {})()  # an object of a class of the same name: refused with the same message
+    if isinstance(obj, dict):
+        return _rebuild(obj, [(_from_portable(k, device, data), _from_portable(v, device, data))
+                              for k, v in obj.items()])
+    if isinstance(obj, (list, tuple)):
+        return _rebuild(obj, [_from_portable(v, device, data) for v in obj])
+    return obj
+
+
+class DistributedBackend(ExecutionBackend):
+    """Runs this rank's clients with an inner local backend and shares every result with every rank.
+
+    ``group``: the process group of the run (an initialised default group when None). ``make_inner`` builds the
+    local backend (``SerialBackend`` by default, as the simulation's default). ``device``: where tensors received
+    from other ranks are placed (CPU tensors stay where they are). Only rank 0 writes the run directory
+    (``is_writer``)."""
+
+    def __init__(self, group: Any = None, make_inner: Callable[[], ExecutionBackend] = SerialBackend,
+                 device: Optional[torch.device] = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("DistributedBackend needs an initialised torch.distributed process group")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.is_writer = self.rank == 0
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._make_inner = make_inner
+        self.inner: Optional[ExecutionBackend] = None
+        self.assignment: List[List[int]] = []
+        self.owner: Dict[int, int] = {}
+        self._contexts: Dict[int, Any] = {}  # every client's context (data), when the trainer factory has them
+        self.phase = "start-up"  # named in the message when a collective fails
+        self.rank_seconds = [0.0] * self.world_size  # client seconds per rank since the last take_rank_seconds
+
+    # -- ExecutionBackend ------------------------------------------------------------------------------------
+    def start(self, build_trainer: Callable[[int], Any], client_ids: Iterable[int],
+              state_options: Optional[StateOptions] = None) -> None:
+        ids = list(client_ids)
+        if self.world_size > len(ids):
+            raise ConfigError(f"workers: {self.world_size} processes for {len(ids)} clients; use at most "
+                              f"{len(ids)} (each process runs at least one client)")
+        # no collective here: every rank computes the same assignment from the same (deterministic) data
+        self.assignment = assign_clients({cid: sgd_steps(build_trainer, cid) for cid in ids}, self.world_size)
+        self.owner = {cid: r for r, owned in enumerate(self.assignment) for cid in owned}
+        opts = state_options or StateOptions()
+        if opts.spill_dir is not None:  # each rank spills its own clients' states, in its own folder
+            opts = StateOptions(opts.budget, Path(opts.spill_dir) / f"rank{self.rank}")
+        self._contexts = getattr(build_trainer, "contexts", None) or {}
+        if self._contexts:  # tensors from other ranks go where this rank's clients compute (its own GPU, say)
+            self.device = torch.device(next(iter(self._contexts.values())).device)
+        self.inner = self._make_inner()
+        self.inner.start(build_trainer, self.owned, opts)  # builds this rank's trainers only
+
+    @property
+    def owned(self) -> List[int]:
+        return list(self.assignment[self.rank]) if self.assignment else []
+
+    @property
+    def trainers(self) -> Any:
+        """This rank's trainers (the inner backend's), for inspection."""
+        return getattr(self.inner, "trainers", {})
+
+    def execute(self, calls: Dict[int, Call], snapshot: bool = False) -> Dict[int, CallResult]:
+        if not calls:  # every rank holds the same calls, so every rank skips the exchange together
+            return {}
+        mine = {cid: call for cid, call in calls.items() if self.owner[cid] == self.rank}
+        results = self.inner.execute(mine, snapshot) if mine else {}
+        # the serial backend runs clients in id order, so the global RNG state after it is the one the last
+        # client left; its owner sends that state along and every rank continues from it (server code that draws
+        # random numbers after a send then draws the serial run's numbers)
+        last = max(calls)
+        rng = rng_state() if self.owner[last] == self.rank else None
+        sent = {cid: self._portable_result(res) for cid, res in results.items()}
+        gathered = self._all_gather((sent, rng),
+                                    f"{self.phase}: calls to clients {_span(sorted(calls))}")
+        merged: Dict[int, CallResult] = {}
+        for part, state in gathered:
+            merged.update(part)
+            if state is not None and self.owner[last] != self.rank:
+                set_rng_state(state)
+        for cid, res in merged.items():
+            self.rank_seconds[self.owner[cid]] += res.seconds
+        # this rank's own clients keep their original replies (exactly what the serial backend hands the server)
+        return {cid: results[cid] if cid in results else self._local_result(merged[cid]) for cid in sorted(merged)}
+
+    def _data(self, cid: int) -> List[torch.Tensor]:
+        ctx = self._contexts.get(cid)
+        if ctx is None:
+            return []
+        return [t for split in (ctx.train, ctx.test) for t in (split.x, split.y)]
+
+    def _portable_result(self, res: CallResult) -> CallResult:
+        return CallResult(res.cid, _to_portable(res.reply, self._data(res.cid)), res.error, res.detail, res.seconds)
+
+    def _local_result(self, res: CallResult) -> CallResult:
+        return CallResult(res.cid, _from_portable(res.reply, self.device, self._data(res.cid)), res.error,
+                          res.detail, res.seconds)
+
+    def rollback(self, cid: int) -> None:
+        # every rank takes the same decision on the same replies; only the owner holds the state to restore
+        if self.owner.get(cid) == self.rank:
+            self.inner.rollback(cid)
+
+    def get_state(self, cid: int) -> Optional[Dict[str, Any]]:
+        """A collective between ``cid``'s owner and rank 0 (every rank calls it, for every client, in the same
+        order): the owner returns the state and sends it to rank 0, which returns it; other ranks return None."""
+        owner = self.owner[cid]
+        if owner == self.rank:
+            state = self.inner.get_state(cid)
+            if self.rank != 0:
+                self._guard(lambda: dist.send_object_list([_to_portable(state, None)], dst=0, group=self.group),
+                            f"{self.phase}: sending client {cid}'s state to rank 0")
+            return state
+        if self.rank == 0:
+            box: List[Any] = [None]
+            self._guard(lambda: dist.recv_object_list(box, src=owner, group=self.group),
+                        f"{self.phase}: receiving client {cid}'s state from rank {owner}")
+            return _from_portable(box[0], self.device, [])
+        return None
+
+    def set_state(self, cid: int, state: Dict[str, Any]) -> None:
+        if self.owner.get(cid) == self.rank:
+            self.inner.set_state(cid, state)
+
+    def holds(self, cid: int) -> bool:
+        """Whether this rank keeps ``cid``'s state (a resume loads only those states from the checkpoint)."""
+        return self.owner.get(cid) == self.rank
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+
+    # -- run-level agreement -----------------------------------------------------------------------------------
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any (a Ctrl-C seen by one process stops them all after the
+        same round)."""
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        self._guard(lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group), f"{self.phase}: stop check")
+        return bool(t.item())
+
+    def take_rank_seconds(self) -> List[float]:
+        """Client seconds spent by each rank since the last call (the imbalance of the assignment)."""
+        out, self.rank_seconds = self.rank_seconds, [0.0] * self.world_size
+        return out
+
+    def describe(self) -> str:
+        return describe(self.assignment)
+
+    # -- collectives -------------------------------------------------------------------------------------------
+    def _all_gather(self, obj: Any, what: str) -> List[Any]:
+        box: List[Any] = [None] * self.world_size
+        self._guard(lambda: dist.all_gather_object(box, obj, group=self.group), what)
+        return box
+
+    def _guard(self, fn: Callable[[], Any], what: str) -> Any:
+        try:
+            return fn()
+        except (RuntimeError, dist.DistBackendError, ConnectionError) as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise WorkerLost(f"rank {self.rank}: lost contact with another process of the run during {what} "
+                             f"({first}); a worker died or stopped answering. Clients by rank: "
+                             f"{self.describe()}") from None
+
+
+def _span(ids: List[int]) -> str:
+    return ", ".join(map(str, ids)) if len(ids) <= 8 else f"{ids[0]}..{ids[-1]} ({len(ids)} clients)"
+

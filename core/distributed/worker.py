@@ -1,0 +1,297 @@
+"""One process of a distributed run: join the process group, build the replicated simulation, run it.
+
+Start-up is ordered so that a failure anywhere is one message and leaves no half-made run directory: rank 0
+resolves, checks and prepares the run directory first, then the other ranks build their copy from what it wrote
+(its partition, its configuration), and after each step every rank learns whether any rank failed. Only rank 0
+prints (errors, progress, the summary); another rank prints only an error that rank 0 cannot know about.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import click
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError, PflError
+from .backend import DistributedBackend, WorkerLost
+
+log = logging.getLogger("pflkit")
+
+INTERRUPTED = 130
+USER_ERROR = 2
+# seconds a collective may wait for the slowest process (a round's client work included) before the run stops
+TIMEOUT_ENV, DEFAULT_TIMEOUT = "PFLKIT_DIST_TIMEOUT", 1800.0
+# seconds the processes may take to find each other
+RENDEZVOUS_TIMEOUT_ENV, DEFAULT_RENDEZVOUS_TIMEOUT = "PFLKIT_RENDEZVOUS_TIMEOUT", 60.0
+
+
+@dataclass
+class RunRequest:
+    """What ``fl run`` was asked; every process receives it and resolves the configuration itself."""
+
+    plugin: Optional[str] = None
+    config_file: Optional[str] = None
+    sets: Tuple[str, ...] = ()
+    resume_dir: Optional[str] = None
+    progress: bool = True
+    status_dir: Optional[str] = None  # fl run --workers: where each rank notes its clients for the launcher
+    verbose: bool = False
+
+
+@dataclass
+class Endpoint:
+    rank: int
+    world_size: int
+    local_rank: int
+    addr: str
+    port: int
+    agent_store: bool = False  # torchrun hosts the store itself: every rank connects as a client
+
+
+def env_seconds(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: expected a number of seconds") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
+    return value
+
+
+def plugin_versions() -> Dict[str, str]:
+    """Versions of torch and of every pflkit distribution in this process (compared across ranks)."""
+    from importlib.metadata import distributions
+
+    out = {"torch": torch.__version__}
+    for d in distributions():
+        name = (d.metadata.get("Name") or "").lower()
+        if name.startswith("pflkit"):
+            out[name] = d.version
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def init_group(ep: Endpoint) -> None:
+    """Join the run's gloo process group (client calls exchange pickled CPU data, which gloo carries on CPU and GPU
+    machines alike)."""
+    rdzv = env_seconds(RENDEZVOUS_TIMEOUT_ENV, DEFAULT_RENDEZVOUS_TIMEOUT)
+    timeout = env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+    try:
+        store = dist.TCPStore(ep.addr, ep.port, ep.world_size, is_master=ep.rank == 0 and not ep.agent_store,
+                              timeout=timedelta(seconds=rdzv), wait_for_workers=True)
+        if ep.agent_store:  # torchrun's store outlives a restart: each attempt keeps its keys apart (as env:// does)
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
+        dist.init_process_group("gloo", store=store, rank=ep.rank, world_size=ep.world_size,
+                                timeout=timedelta(seconds=timeout))
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise ConfigError(f"rank {ep.rank}: cannot join the run's processes at {ep.addr}:{ep.port} within "
+                          f"{rdzv:g} s ({_first_line(exc)[:200]}); check the rendezvous address and port (torchrun "
+                          f"--rdzv-endpoint / MASTER_ADDR, MASTER_PORT) and that every process was started") from None
+
+
+def _exchange(backend: DistributedBackend, what: str, error: Optional[str], payload: Any = None) -> List[Any]:
+    """Every rank's (error, payload); raises the first error on every rank, so all stop together."""
+    gathered = backend._all_gather((error, payload), what)
+    for r, (err, _) in enumerate(gathered):
+        if err is not None:
+            raise _Replicated(err if r == 0 else f"rank {r}: {err}")
+    return [p for _, p in gathered]
+
+
+class _Replicated(PflError):
+    """An error every rank raises (rank 0 prints it)."""
+
+
+def _resolve(req: RunRequest):
+    from ..config import load_file, parse_sets, resolve
+
+    layers = []
+    if req.config_file:
+        layers.append(load_file(req.config_file))
+    layers.append(parse_sets(req.sets))
+    if req.plugin is None and not any("algorithm" in layer for layer in layers):
+        raise ConfigError("name an algorithm: fl run --plugin NAME (fl list algorithms shows them)")
+    return resolve(layers, algorithm=req.plugin)
+
+
+def _build(req: RunRequest, backend: DistributedBackend, run_dir: Optional[Path]) -> Tuple[Any, bool]:
+    """(the simulation, whether it continues an earlier start)."""
+    from ..config import parse_sets
+    from ..simulation import Simulation, default_run_dir
+
+    progress = req.progress and backend.is_writer
+    if req.resume_dir:
+        if req.plugin or req.config_file:
+            raise ConfigError("--resume continues a run with its saved config; do not combine it with "
+                              "--plugin or --config (--set may change resume-safe keys such as rounds)")
+        return Simulation.resume(Path(req.resume_dir), overrides=parse_sets(req.sets), backend=backend,
+                                 progress=progress), True
+    cfg = _resolve(req)
+    named = Path(cfg.output_dir) / cfg.run_name if cfg.run_name else None
+    if restarted() and named is not None and (named / "config.json").is_file():
+        # torchrun --max-restarts started the workers again after a failure: continue the run from its checkpoint
+        return Simulation.resume(named, backend=backend, progress=progress), True
+    # rank 0 names the directory (a default name holds the time); the others are given it
+    return Simulation(cfg, run_dir=run_dir or default_run_dir(cfg), backend=backend, progress=progress), False
+
+
+def restarted() -> bool:
+    """Whether torchrun restarted this process's workers (``--max-restarts``) after a failure."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0
+    except ValueError:
+        return False
+
+
+def _write_status(req: RunRequest, backend: DistributedBackend, run_dir: Path) -> None:
+    """For the launcher of ``fl run --workers``: this rank's clients, so it can name them if this process dies."""
+    if not req.status_dir:
+        return
+    path = Path(req.status_dir) / f"rank{backend.rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"rank": backend.rank, "pid": os.getpid(), "clients": backend.owned,
+                               "run_dir": str(run_dir)}))
+    os.replace(tmp, path)
+
+
+def run_process(req: RunRequest, ep: Endpoint) -> int:
+    """Run this process's part of the run; returns the process's exit status (0, 2 or 130)."""
+    log = logging.getLogger("pflkit")
+    previous_level = log.level
+    if ep.rank != 0:  # the replicated loop logs the same warnings on every rank: rank 0's copy is enough
+        log.setLevel(logging.ERROR)
+    try:
+        return _run_process(req, ep)
+    finally:  # a rank run inside another process (tests, threads) must not silence that process's log
+        log.setLevel(previous_level)
+
+
+def _run_process(req: RunRequest, ep: Endpoint) -> int:
+    if torch.cuda.is_available():  # device=auto / cuda then means this process's GPU (several may share one)
+        torch.cuda.set_device(ep.local_rank % torch.cuda.device_count())
+    try:
+        init_group(ep)
+    except PflError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        return USER_ERROR
+    backend = DistributedBackend()
+    try:
+        try:
+            return _run(req, ep, backend)
+        except _Replicated as exc:
+            if ep.rank == 0:
+                click.echo(f"Error: {exc}", err=True)
+            _settle(backend)
+            return USER_ERROR
+        except WorkerLost as exc:  # another process died: each survivor says what it saw
+            click.echo(f"Error: {exc}", err=True)
+            return USER_ERROR
+        except PflError as exc:
+            # raised identically on every rank (the loop is replicated) unless it is rank 0's own file I/O
+            if ep.rank == 0:
+                click.echo(f"Error: {exc}", err=True)
+            _settle(backend)
+            return USER_ERROR
+        except KeyboardInterrupt:
+            if ep.rank == 0:
+                click.echo("stopped; continue from the last checkpoint with fl run --resume RUN_DIR", err=True)
+            return INTERRUPTED
+    finally:
+        backend.close()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # the group may already be broken by a dead peer: nothing left to release
+            pass
+
+
+def _settle(backend: DistributedBackend) -> None:
+    """Before exiting on an error every rank raised, wait (briefly) for the others, so that a launcher which stops
+    the run at the first exiting process does not cut rank 0 off before it printed the error."""
+    try:
+        work = dist.barrier(async_op=True)
+        work.wait(timeout=timedelta(seconds=10))
+    except Exception:
+        pass
+
+
+def _run(req: RunRequest, ep: Endpoint, backend: DistributedBackend) -> int:
+    versions = plugin_versions()
+    gathered = _exchange(backend, "start-up: version check", None, versions)
+    for r, theirs in enumerate(gathered):
+        if theirs != gathered[0]:
+            diff = sorted(k for k in set(theirs) | set(gathered[0]) if theirs.get(k) != gathered[0].get(k))
+            k = diff[0]
+            raise _Replicated(f"rank {r} runs {k} {theirs.get(k) or '(not installed)'} but rank 0 runs "
+                              f"{gathered[0].get(k) or '(not installed)'}: install the same versions on every "
+                              f"machine")
+    # rank 0 first: it validates the input and prepares the run directory, which the others then read
+    sim, error, resumed = None, None, False
+    if ep.rank == 0:
+        try:
+            sim, resumed = _build(req, backend, None)
+        except PflError as exc:
+            error = str(exc)
+    try:
+        run_dir = _exchange(backend, "start-up (rank 0)", error, str(sim.run_dir) if sim else None)[0]
+        if ep.rank != 0:
+            try:
+                sim, resumed = _build(req, backend, Path(run_dir))
+            except PflError as exc:
+                error = str(exc)
+        _exchange(backend, "start-up (other ranks)", error)
+    except PflError:
+        if sim is not None:
+            sim.abandon()  # rank 0 removes the directory it created when nothing was saved
+        raise
+    _write_status(req, backend, sim.run_dir)
+    if ep.rank == 0:
+        word = "resuming" if resumed else "run directory:"
+        click.echo(f"{word} {sim.run_dir}" + (f" after round {sim.completed_round}" if resumed else "")
+                   + f"  ({ep.world_size} processes; {backend.describe()})")
+    backend.phase = "the run"
+    result = sim.run()
+    if ep.rank != 0:
+        return INTERRUPTED if result.get("interrupted") else 0
+    from ..cli.run import format_summary
+
+    click.echo(format_summary(result))
+    click.echo(f"metrics: {sim.run_dir / 'metrics.jsonl'}\n"
+               f"watch in TensorBoard: tensorboard --logdir {sim.run_dir / 'tb'}")
+    if result.get("interrupted"):
+        click.echo(f"interrupted after round {result['rounds_completed']}; continue with:\n"
+                   f"  fl run --resume {sim.run_dir}")
+        return INTERRUPTED
+    return 0
+
+
+def torchrun_endpoint() -> Optional[Endpoint]:
+    """This process's place in a torchrun (or any env://-style) launch, from RANK / WORLD_SIZE / LOCAL_RANK /
+    MASTER_ADDR / MASTER_PORT; None when they are not all set."""
+    env = os.environ
+    if not all(env.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return None
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_RANK", rank))
+        port = int(env["MASTER_PORT"])
+    except ValueError:
+        raise ConfigError("RANK, WORLD_SIZE, LOCAL_RANK and MASTER_PORT must be integers (set by torchrun)") from None
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError(f"RANK={rank}, WORLD_SIZE={world}: the rank must lie in [0, WORLD_SIZE)")
+    return Endpoint(rank, world, local, env["MASTER_ADDR"], port,
+                    agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true")

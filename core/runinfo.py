@@ -1,0 +1,116 @@
+"""``run_info.json``: how and where a run was computed (command line, versions, git commit, threads, device, host).
+
+One entry is written when a run starts and one more each time it is resumed, so a run directory says which
+software and machine produced each stretch of its rounds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+RUN_INFO_NAME = "run_info.json"
+# config section -> registry kind attribute in core.registry
+_COMPONENTS = {"algorithm": "ALGORITHMS", "dataset": "DATASETS", "partition": "PARTITIONERS", "model": "MODELS",
+               "trainer": "TRAINERS", "aggregator": "AGGREGATORS"}
+
+
+def _version(dist: str) -> Optional[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def component_versions(cfg: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """For each component the run uses: its name, the distribution providing it and that distribution's version."""
+    from . import registry as reg
+
+    out: Dict[str, Dict[str, Any]] = {}
+    for section, attr in _COMPONENTS.items():
+        name = cfg[section] if section == "algorithm" else cfg[section]["name"]
+        entry = next((e for e in getattr(reg, attr).entries() if e.name == name), None)
+        out[section] = {"name": name, "distribution": getattr(entry, "dist", None),
+                        "version": getattr(entry, "version", None)}
+    return out
+
+
+def git_commit(source: Optional[Path] = None) -> Optional[Dict[str, Any]]:
+    """Commit (and whether tracked files differ from it) of the checkout pflkit runs from; None when installed
+    from a wheel or git is unavailable. Only a checkout whose root holds the package counts (not a parent repo)."""
+    root = Path(source) if source is not None else Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(status.strip()), "path": str(root)}
+
+
+def device_info(device: Any) -> Dict[str, Any]:
+    import torch
+
+    info: Dict[str, Any] = {"device": str(device)}
+    if getattr(device, "type", None) == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+    else:
+        info["device_name"] = platform.processor() or platform.machine()
+    info["cpu_count"] = os.cpu_count()
+    return info
+
+
+def collect(cfg: Mapping[str, Any], device: Any, threads: int, event: str, from_round: int) -> Dict[str, Any]:
+    """One ``run_info.json`` entry: ``event`` is 'start' or 'resume'."""
+    import torch
+
+    from .threads import threads_source
+
+    return {
+        "event": event,
+        "from_round": from_round,
+        "time": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join(sys.argv),
+        "cwd": os.getcwd(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "pflkit": _version("pflkit"),
+        "components": component_versions(cfg),
+        "git": git_commit(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "threads_setting": cfg.get("threads"),
+        "threads_source": threads_source(cfg),
+        **device_info(device),
+    }
+
+
+def read(run_dir: Path) -> List[Dict[str, Any]]:
+    """The entries recorded so far ([] when none, or when the file is unreadable: it is a record, not an input)."""
+    try:
+        doc = json.loads((Path(run_dir) / RUN_INFO_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    return list(entries) if isinstance(entries, list) else []
+
+
+def append(run_dir: Path, entry: Dict[str, Any]) -> None:
+    """Add ``entry`` to ``run_info.json`` (written to a temporary file first, so a kill never leaves half a file)."""
+    path = Path(run_dir) / RUN_INFO_NAME
+    entries = read(run_dir) + [entry]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"entries": entries}, indent=2))
+    os.replace(tmp, path)

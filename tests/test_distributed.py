@@ -1,0 +1,343 @@
+"""The torch.distributed backend: N = 2 processes (gloo on 127.0.0.1) give the serial run's exact numbers, resume
+across world sizes, refuse bad input with one line, and stop with a clear message when a worker dies."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+
+from pflkit.core import Algorithm
+from pflkit.core import registry as reg
+from pflkit.core.config import deep_merge, to_plain
+from pflkit.core.distributed.assign import assign_clients
+from pflkit.core.simulation import Simulation
+from pflkit.core.testing import tiny_config
+
+FAST = ["fedavg", "fedcac", "fedcp", "fedsa"]
+OTHERS = ["ditto", "fedbn", "fedc2i", "fedper", "fedproto", "fedprox", "fedrep", "fedrod", "local", "pcfl"]
+# algorithms whose tiny test configuration differs from core.testing.TINY (as in their own plugin tests)
+OVERRIDES = {
+    "fedc2i": {"dataset": {"domains": ["original", "thick", "inverted", "rotated"]}, "partition": {"num_clients": 4},
+               "aggregator": {"plot_every": 0}},
+    "pcfl": {"rounds": 2, "seed": 0, "dataset": {"name": "pcfl_sine", "num_clients": 6, "samples_per_client": 40},
+             "partition": {"name": "by_group", "num_clients": 6}, "model": {"name": "mlp", "hidden": [8, 8]},
+             "participation": {"join_ratio": 0.5}, "train": {"batch_size": 10, "local_epochs": 1, "lr": 0.05},
+             "trainer": {"clusters": 2},
+             "aggregator": {"flow_epochs": 4, "setup_block": 2, "flow_hidden": 8, "flow_transforms": 2,
+                            "flow_inner_transforms": 2, "flow_join_ratio": 0.5, "flow_batch_size": 20,
+                            "flow_lr": 0.01},
+             "checkpoint": {"every": 1}},  # set-up steps checkpoint too
+}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "60", "PFLKIT_DIST_TIMEOUT": "120"}
+
+
+def _register_misbehaving() -> None:
+    """'misbehaving': FedAvg where client 0 reports NaN (round 1), client 1 uploads a function (round 1), client 2
+    a view of its own data (round 2) and client 3 raises (round 2): isolation, rollback and the privacy check."""
+    from pflkit_fedavg import FedAvgTrainer
+
+    class Misbehaving(FedAvgTrainer):
+        def on_fit(self, payload):
+            reply = super().on_fit(payload)
+            cid, rnd = self.ctx.cid, self.ctx.round
+            if cid == 0 and rnd == 1:
+                reply["train_loss"] = float("nan")
+            if cid == 1 and rnd == 1:
+                reply["extra"] = lambda: 0
+            if cid == 2 and rnd == 2:
+                reply["extra"] = self.ctx.train.x[:3]
+            if cid == 3 and rnd == 2:
+                raise RuntimeError("boom")
+            return reply
+
+    reg.TRAINERS.register("misbehaving", Misbehaving, replace=True)
+    reg.ALGORITHMS.register("misbehaving", Algorithm(trainer="misbehaving", aggregator="fedavg"), replace=True)
+
+
+@pytest.fixture
+def misbehaving():
+    before = {k: dict(r._entries) for k, r in reg.ALL_REGISTRIES.items() if r.names() is not None}
+    _register_misbehaving()
+    yield
+    for k, r in reg.ALL_REGISTRIES.items():
+        if k in before:
+            r._entries = before[k]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _records(run_dir: Path) -> List[Dict]:
+    """metrics.jsonl without timings (which differ between any two runs)."""
+    out = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out.append({k: v for k, v in rec.items() if "seconds" not in k})
+    return out
+
+
+def _summary(run_dir: Path) -> Dict:
+    s = json.loads((Path(run_dir) / "summary.json").read_text())
+    return {k: v for k, v in s.items() if k not in ("run_dir", "checkpoint_bytes")}
+
+
+def _tiny(algorithm: str, over: dict):
+    return tiny_config(algorithm, deep_merge(OVERRIDES.get(algorithm, {}), over))
+
+
+def _failures(run_dir: Path) -> List[tuple]:
+    from pflkit.core.checkpoint import load_checkpoint
+
+    return [(f["round"], f["client"], f["reason"]) for f in load_checkpoint(run_dir)[1]["failures"]]
+
+
+def _config_file(tmp_path: Path, algorithm: str, tag: str = "", **over) -> Path:
+    path = tmp_path / f"{algorithm}{tag}.json"
+    path.write_text(json.dumps(to_plain(_tiny(algorithm, over))))
+    return path
+
+
+def _serial(tmp_path: Path, algorithm: str, name: str, stop_after=None, **over) -> Path:
+    run = tmp_path / name
+    Simulation(_tiny(algorithm, over), run_dir=run, tensorboard=False).run(stop_after=stop_after)
+    return run
+
+
+# -- a group of 2 spawned processes running several jobs (one start-up for many runs) --------------------------
+def _group_worker(rank: int, world: int, port: int, jobs: List[dict]) -> None:
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from pflkit.core.distributed.backend import DistributedBackend
+    from pflkit.core.distributed.worker import Endpoint, RunRequest, _run, init_group
+
+    _register_misbehaving()
+    ep = Endpoint(rank, world, rank, "127.0.0.1", port)
+    init_group(ep)
+    try:
+        for job in jobs:
+            req = RunRequest(config_file=job.get("config"), sets=tuple(job.get("sets", ())),
+                             resume_dir=job.get("resume"), progress=False)
+            assert _run(req, ep, DistributedBackend()) == 0
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(jobs: List[dict], world: int = 2, timeout: float = 400) -> None:
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_group_worker, args=(world, _free_port(), jobs), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=5):
+            assert time.monotonic() < deadline, "distributed jobs did not finish in time"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+def _fresh(tmp_path: Path, algorithm: str, name: str, rounds: int = 2) -> dict:
+    cfg = _config_file(tmp_path, algorithm, f"-{name}", rounds=rounds)
+    return {"config": str(cfg), "sets": [f"output_dir={tmp_path}", f"run_name={name}"]}
+
+
+# -- tests ------------------------------------------------------------------------------------------------------
+def test_assignment_is_deterministic_balanced_and_largest_first():
+    cost = {0: 10, 1: 9, 2: 4, 3: 4, 4: 2, 5: 1}
+    a = assign_clients(cost, 2)
+    assert a == assign_clients(dict(reversed(list(cost.items()))), 2)  # independent of the input's order
+    assert sorted(sum(a, [])) == list(cost)
+    assert a[0][0] == 0 and 1 in a[1]  # the two largest clients go to different ranks
+    loads = [sum(cost[c] for c in r) for r in a]
+    assert max(loads) - min(loads) <= 2
+    assert all(r for r in assign_clients({0: 100, 1: 1, 2: 1}, 3))  # no idle rank
+
+
+def test_two_processes_give_the_serial_numbers_and_resume_across_world_sizes(tmp_path, misbehaving):
+    jobs = [_fresh(tmp_path, algo, f"dist-{algo}") for algo in FAST + ["misbehaving"]]
+    # written by 2 processes after round 1, resumed serially below; and the reverse
+    jobs.append(_fresh(tmp_path, "fedcac", "dist-part", rounds=1))
+    serial_part = _serial(tmp_path, "fedcac", "serial-part", rounds=2, stop_after=1)
+    jobs.append({"resume": str(serial_part)})
+    _spawn(jobs)
+    for algo in FAST + ["misbehaving"]:
+        ref = _serial(tmp_path, algo, f"serial-{algo}")
+        assert _records(tmp_path / f"dist-{algo}") == _records(ref), algo
+        assert _summary(tmp_path / f"dist-{algo}") == _summary(ref), algo
+    # the same clients were rejected, for the same reasons, on 2 processes as in the serial run
+    failures = [_failures(tmp_path / f"{kind}-misbehaving") for kind in ("dist", "serial")]
+    assert failures[0] == failures[1] and len(failures[0]) == 4, failures
+    whole = tmp_path / "serial-fedcac"
+    Simulation.resume(tmp_path / "dist-part", overrides={"rounds": 2}, tensorboard=False).run()
+    assert _records(tmp_path / "dist-part") == _records(whole)  # 2 processes -> serial
+    assert _records(serial_part) == _records(whole)  # serial -> 2 processes
+    # rank 1 wrote nothing: exactly one line per round, one run_info entry
+    assert [r["round"] for r in _records(tmp_path / "dist-fedavg")] == [1, 2]
+    assert len(json.loads((tmp_path / "dist-fedavg" / "run_info.json").read_text())) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
+def test_every_other_algorithm_gives_the_serial_numbers_with_two_processes(tmp_path):
+    _spawn([_fresh(tmp_path, algo, f"dist-{algo}") for algo in OTHERS], timeout=1800)
+    for algo in OTHERS:
+        ref = _serial(tmp_path, algo, f"serial-{algo}")
+        assert _records(tmp_path / f"dist-{algo}") == _records(ref), algo
+        assert _summary(tmp_path / f"dist-{algo}") == _summary(ref), algo
+
+
+def _run_cmd(cmd: List[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own process group; on timeout the whole group (its workers too) is killed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _fl(*args, timeout=300) -> subprocess.CompletedProcess:
+    return _run_cmd([sys.executable, "-m", "pflkit.core.cli", *args], timeout)
+
+
+def test_fl_run_workers_gives_the_serial_numbers(tmp_path):
+    cfg = _config_file(tmp_path, "fedavg")
+    res = _fl("run", "--workers", "2", "--no-progress", "--config", str(cfg), "--set", f"output_dir={tmp_path}",
+              "--set", "run_name=w2")
+    assert res.returncode == 0, res.stderr
+    assert "final accuracy, uniform" in res.stdout and res.stdout.count("final accuracy, uniform") == 1
+    ref = _serial(tmp_path, "fedavg", "serial")
+    assert _records(tmp_path / "w2") == _records(ref)
+    rec = json.loads((tmp_path / "w2" / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"rank_seconds/0", "rank_seconds/1"} <= set(rec)  # the assignment's imbalance is visible
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
+def test_torchrun_gives_the_serial_numbers(tmp_path):
+    cfg = _config_file(tmp_path, "fedavg")
+    ref = _serial(tmp_path, "fedavg", "serial")
+    port = str(_free_port())
+    res = _run_cmd([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                    "127.0.0.1", "--master-port", port, "-m", "pflkit.core.cli", "run", "--no-progress",
+                    "--config", str(cfg), "--set", f"output_dir={tmp_path}", "--set", "run_name=tr"])
+    assert res.returncode == 0, res.stderr
+    assert _records(tmp_path / "tr") == _records(ref)
+
+
+def _fl_here(monkeypatch, env: Dict[str, str], *args):
+    """``fl`` in this process (the checks below fail before any worker process would start)."""
+    from click.testing import CliRunner
+
+    from pflkit.core.cli.main import cli
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.mark.parametrize("args, env, fragment", [
+    (["--workers", "0"], {}, "--workers 0: expected at least 1 process"),
+    (["--workers", "5"], {}, "the run has 4 clients; use at most 4"),
+    (["--workers", "2"], {"MASTER_ADDR": "203.0.113.7"}, "MASTER_ADDR=203.0.113.7 is not an address of this"),
+    # this process claims to be rank 1 of 2 (torchrun's variables) whose rank 0 is nowhere: the rendezvous times out
+    ([], {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
+          "PFLKIT_RENDEZVOUS_TIMEOUT": "2"}, "rank 1: cannot join the run's processes at 127.0.0.1:"),
+])
+def test_bad_distributed_input_is_one_line_and_leaves_no_run_directory(tmp_path, monkeypatch, args, env, fragment):
+    if env.get("MASTER_PORT") == "0":
+        env = {**env, "MASTER_PORT": str(_free_port())}
+    res = _fl_here(monkeypatch, env, "run", "--plugin", "fedavg", *args, "--set", "partition.num_clients=4",
+                   "--set", f"output_dir={tmp_path / 'out'}", "--set", "run_name=r")
+    assert res.exit_code == 2, res.stderr
+    assert fragment in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "out" / "r").exists()
+
+
+def test_a_killed_worker_stops_the_run_with_a_message_naming_it(tmp_path):
+    cfg = _config_file(tmp_path, "fedavg", rounds=400, checkpoint={"every": 1})
+    run = tmp_path / "k"
+    proc = subprocess.Popen([sys.executable, "-m", "pflkit.core.cli", "run", "--workers", "2", "--no-progress",
+                             "--config", str(cfg), "--set", f"output_dir={tmp_path}", "--set", "run_name=k"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        pids = [int(p) for p in re.search(r"pids ([\d, ]+)", line).group(1).split(", ")]
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoint.pt").exists():  # let it get going: a checkpoint to resume from
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.2)
+        os.kill(pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - t0 < 60
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 2, err
+    msg = err.strip().splitlines()[-1]
+    assert re.search(r"worker rank 1 \(clients [\d, ]+\) was killed by SIGKILL", msg), err
+    assert f"fl run --resume {run}" in msg
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # no worker left behind
+    # the last checkpoint stays usable: a serial resume continues it
+    last = json.loads(run.joinpath("metrics.jsonl").read_text().splitlines()[-1])["round"]
+    sim = Simulation.resume(run, overrides={"rounds": last + 1}, tensorboard=False)
+    assert 1 <= sim.completed_round <= last
+    assert sim.run()["rounds_completed"] == last + 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
+def test_torchrun_max_restarts_resumes_a_killed_run_to_the_serial_numbers(tmp_path):
+    rounds = 12
+    cfg = _config_file(tmp_path, "fedavg", rounds=rounds, checkpoint={"every": 1})
+    run = tmp_path / "mr"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts",
+                             "1", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m",
+                             "pflkit.core.cli", "run", "--no-progress", "--config", str(cfg), "--set",
+                             f"output_dir={tmp_path}", "--set", "run_name=mr"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoint.pt").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        workers = {}
+        for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            rank = [e[5:] for e in env if e.startswith(b"RANK=")]
+            if rank:
+                workers[int(rank[0])] = int(pid)
+        os.kill(workers[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 0, err
+    assert "resuming" in out  # the restarted workers continued the run
+    assert _records(run) == _records(_serial(tmp_path, "fedavg", "serial", rounds=rounds))

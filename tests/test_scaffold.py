@@ -1,0 +1,112 @@
+"""fl new-plugin --kind algorithm|dataset|partitioner|model: every skeleton is a package whose setup.cfg entry
+points make it discoverable, whose own tests pass and which a 1-round `fl run` uses; taken names are refused."""
+import configparser
+import importlib
+import inspect
+import json
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from pflkit.core import registry as reg
+from pflkit.core.cli.main import cli
+
+TINY = ["--set", "rounds=1", "--set", "partition.num_clients=4", "--set", "checkpoint.every=0", "--no-progress"]
+USE = {  # how `fl run` picks the generated component
+    "algorithm": ["--plugin", "{name}", "--set", "model.name=mlp", "--set", "model.hidden=[16]"],
+    "dataset": ["--plugin", "fedavg", "--set", "dataset.name={name}", "--set", "model.name=mlp"],
+    "partitioner": ["--plugin", "fedavg", "--set", "partition.name={name}", "--set", "model.name=mlp"],
+    "model": ["--plugin", "fedavg", "--set", "model.name={name}", "--set", "model.width=16"],
+}
+
+
+def fl(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.fixture
+def register_package(tmp_path, monkeypatch):
+    """Make a generated package importable and register its setup.cfg entry points as an installed distribution
+    would (a .dist-info with entry_points.txt on sys.path), without installing anything."""
+    added = []
+
+    def register(root, name):
+        cfg = configparser.ConfigParser()
+        cfg.read(root / "setup.cfg")
+        groups = {g: v.strip() for g, v in cfg["options.entry_points"].items()}
+        info = tmp_path / "site" / f"{cfg['metadata']['name'].replace('-', '_')}-0.1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {cfg['metadata']['name']}\nVersion: 0.1.0\n")
+        (info / "entry_points.txt").write_text("".join(f"[{g}]\n{v}\n" for g, v in groups.items()))
+        monkeypatch.syspath_prepend(str(root))
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+        importlib.invalidate_caches()
+        reg.refresh_all()
+        added.append(f"pflkit_{name}")
+        return groups
+
+    yield register
+    monkeypatch.undo()
+    for mod in [m for m in sys.modules if any(m == a or m.startswith(a + ".") for a in added)]:
+        del sys.modules[mod]
+    reg.refresh_all()  # forget the temporary distribution
+
+
+@pytest.mark.parametrize("kind, group", [("algorithm", "pflkit.algorithms"), ("dataset", "pflkit.datasets"),
+                                         ("partitioner", "pflkit.partitioners"), ("model", "pflkit.models")])
+def test_each_kind_is_discovered_tested_and_runs(tmp_path, register_package, kind, group):
+    name = f"my_{kind}_x"
+    res = fl("new-plugin", name, "--kind", kind, "--dir", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    root = tmp_path / name
+    assert (root / "pyproject.toml").is_file() and (root / "README.md").is_file()
+    groups = register_package(root, name)
+    assert group in groups and groups[group].startswith(f"{name} = pflkit_{name}:")
+    assert name in reg.ALL_REGISTRIES[group.split(".")[1]].names()
+    listing = fl("list")
+    assert listing.exit_code == 0 and name in listing.output and f"pflkit-{name.replace('_', '-')}" in listing.output
+    assert fl("show", name).exit_code == 0
+    # the package's own tests pass
+    spec = importlib.util.spec_from_file_location(f"generated_test_{name}", root / "tests" / f"test_{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    funcs = [getattr(module, f) for f in dir(module) if f.startswith("test_")]
+    assert funcs
+    for i, fn in enumerate(funcs):
+        if "tmp_path" in inspect.signature(fn).parameters:
+            fn(tmp_path / f"t{i}")
+        else:
+            fn()
+    # and a 1-round `fl run` uses it
+    args = [a.format(name=name) for a in USE[kind]]
+    run = fl("run", *args, *TINY, "--set", f"output_dir={tmp_path / 'runs'}", "--set", "run_name=r")
+    assert run.exit_code == 0, run.output
+    config = json.loads((tmp_path / "runs" / "r" / "config.json").read_text())
+    section = {"algorithm": "algorithm", "dataset": "dataset", "partitioner": "partition", "model": "model"}[kind]
+    picked = config[section] if kind == "algorithm" else config[section]["name"]
+    assert picked == name
+    assert json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())["rounds_completed"] == 1
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["fedavg"], "algorithm 'fedavg' is already registered (by pflkit-fedavg)"),
+    (["digits", "--kind", "dataset"], "dataset 'digits' is already registered (by pflkit)"),
+    (["dirichlet", "--kind", "partitioner"], "partitioner 'dirichlet' is already registered"),
+    (["cnn4", "--kind", "model"], "model 'cnn4' is already registered"),
+    (["fedavg", "--kind", "model"], "distribution 'pflkit-fedavg' is already installed"),
+    (["Bad-Name"], "use lowercase letters"),
+    (["class", "--kind", "model"], "is a Python keyword"),
+    (["fresh_name", "--kind", "optimizer"], "Invalid value for '--kind'"),
+])
+def test_taken_or_bad_names_are_refused_with_one_line(tmp_path, args, fragment):
+    res = fl("new-plugin", *args, "--dir", str(tmp_path))
+    assert res.exit_code == 2, res.output
+    assert fragment in res.output and "Traceback" not in res.output
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_existing_folder_is_refused(tmp_path):
+    (tmp_path / "taken_dir").mkdir()
+    res = fl("new-plugin", "taken_dir", "--kind", "dataset", "--dir", str(tmp_path))
+    assert res.exit_code == 2 and "already exists" in res.output
