@@ -7,6 +7,9 @@ logging) with evaluation switched off. Prints per-round medians and the ratio fr
 
     python benchmarks/round_time.py                    # CIFAR-shaped synthetic data, 4-layer CNN
     python benchmarks/round_time.py --dataset digits   # the embedded dataset (tiny rounds: worst case)
+    python benchmarks/round_time.py --dataset digits --rounds 7   # as in the README: "median of 7"
+
+``--rounds N`` sets the timed rounds per side (default 5); the medians printed say "median of N".
 """
 from __future__ import annotations
 
