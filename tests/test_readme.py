@@ -54,6 +54,12 @@ def result_lines(lines):
     return out
 
 
+def result_keys(lines):
+    """The result lines' keys in order, repeats included (result_lines would hide a duplicated line)."""
+    return [m.group(1) for m in map(KEY_VALUE.match, (line.rstrip() for line in lines))
+            if m and not m.group(1).startswith(NOT_COMPARED)]
+
+
 def test_readme_block_is_parsed():
     command, block = quickstart_command_and_block()
     assert command[:2] == ["fl", "run"]
@@ -83,3 +89,5 @@ def test_readme_quickstart_summary_matches_a_fresh_run(tmp_path):
                             f"`{' '.join(command)}` printed (right): {mismatched}")
     missing = sorted(set(printed) - set(expected))
     assert not missing, f"printed result lines missing from the README block: {missing}"
+    assert [k for k in result_keys(block)] == [k for k in result_keys(out[start:].splitlines())], \
+        "the README block's result lines are not the printed ones, in the printed order (a repeated line?)"
