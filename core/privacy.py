@@ -110,19 +110,26 @@ class _ClientRows:
                 pass
         first = xs[0] if xs else None
         self.row_len = int(first[0].numel()) if first is not None and len(first) else 0
-        self.rows = torch.cat([x.detach().reshape(len(x), -1).to("cpu", torch.float64) for x in xs]) + 0.0 \
-            if xs and self.row_len else torch.zeros(0, 0, dtype=torch.float64)
-        self.check_rows = self.row_len >= MIN_ROW_VALUES and len(self.rows) > 0
-        self.index: Dict[int, List[int]] = {}
-        self.known = torch.zeros(0, dtype=torch.int64)
+        # the client's own tensors, referenced rather than copied (a float64 copy of every client's inputs was
+        # the largest per-client cost of a stateless run); a row is widened to float64 only to confirm a match
+        self.sources = [x.detach().reshape(len(x), -1) for x in xs] if self.row_len else []
+        self.check_rows = self.row_len >= MIN_ROW_VALUES and sum(len(x) for x in self.sources) > 0
+        self.index: Dict[int, List[Tuple[int, int]]] = {}
         if self.check_rows:
-            varied = (self.rows != self.rows[:, :1]).any(dim=1)
-            prints = _fingerprints(self.rows, weights)
-            for i in torch.nonzero(varied).flatten().tolist():
-                self.index.setdefault(int(prints[i]), []).append(i)
+            for s, source in enumerate(self.sources):
+                rows = _widen(source)
+                varied = (rows != rows[:, :1]).any(dim=1)
+                prints = _fingerprints(rows, weights)
+                for i in torch.nonzero(varied).flatten().tolist():
+                    self.index.setdefault(int(prints[i]), []).append((s, i))
         self.known = torch.tensor(sorted(self.index), dtype=torch.int64)
         self.labels = [y.detach().reshape(-1).to("cpu", torch.float64) + 0.0 for y in ys
                        if y.numel() >= MIN_ROW_VALUES and bool((y.reshape(-1) != y.reshape(-1)[0]).any())]
+
+
+def _widen(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as CPU float64 with -0.0 folded into 0.0, the form rows are fingerprinted and compared in."""
+    return t.to("cpu", torch.float64) + 0.0
 
 
 def _fingerprints(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -188,7 +195,7 @@ class PrivacyGuard:
         for rows in candidates:
             prints = _fingerprints(rows, client.weights)
             for r in torch.nonzero(torch.isin(prints, client.known)).flatten().tolist():
-                for i in client.index[int(prints[r])]:
-                    if torch.equal(rows[r], client.rows[i]):
+                for s, i in client.index[int(prints[r])]:
+                    if torch.equal(rows[r], _widen(client.sources[s][i])):
                         return "an input row"
         return None
