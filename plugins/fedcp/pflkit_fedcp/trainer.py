@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from pflkit.core.client import BN_PARAM, ClientContext, ClientTrainer
+from pflkit.core.client import BN_PARAM, ClientContext, ClientTrainer, host_copy
 from pflkit.core.errors import ConfigError
 from pflkit.core.params import Param, non_negative, positive
 from pflkit.core.seeding import derive_seed
@@ -82,10 +82,7 @@ class FedCPTrainer(ClientTrainer):
         self.cpn = build_cpn(self.feature_dim, hp, ctx.seed).to(ctx.device)  # Theta_i
         self.shared = shared_model_keys(self.model, hp)
         self.v: Optional[torch.Tensor] = None  # client-specific vector, constant within a round
-        self.random_input: Optional[torch.Tensor] = None  # w.o. cs & ss: frozen random CPN input
-        if hp.use_cpn and not hp.use_client_vector and not hp.use_sample_vector:
-            g = torch.Generator().manual_seed(derive_seed(ctx.seed, "fedcp-random-input", ctx.cid))
-            self.random_input = torch.rand(self.feature_dim, generator=g).to(ctx.device)
+        self.random_input = self._random_input()  # w.o. cs & ss: frozen random CPN input (else None)
         self.fits_done = 0
         self._share_sum: Optional[torch.Tensor] = None
         self._share_count = 0
@@ -212,11 +209,39 @@ class FedCPTrainer(ClientTrainer):
                 "cpn": self.cpn.state_dict(), "v": self.v, "random_input": self.random_input,
                 "fits_done": self.fits_done}
 
+    # declared per-client state: one pooled trainer serves every client (core/clientstate.py) ----------------
+    declares_state = True
+
+    def _random_input(self) -> Optional[torch.Tensor]:
+        """The w.o. cs & ss ablation's frozen CPN input: a function of (run seed, client), so it is re-derived when
+        the pooled trainer is bound to a client rather than stored."""
+        hp = self.ctx.hp
+        if not (hp.use_cpn and not hp.use_client_vector and not hp.use_sample_vector):
+            return None
+        g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, "fedcp-random-input", self.ctx.cid))
+        return torch.rand(self.feature_dim, generator=g).to(self.ctx.device)
+
+    def client_state(self) -> Dict[str, Any]:
+        """Everything a FedCP client keeps: W_i (personal extractor and head), its copy of the global modules
+        (their BN statistics move during local training), Theta_i, v_i and the fit counter."""
+        return {"model": host_copy(self.model.state_dict()), "global_model": host_copy(self.global_model.state_dict()),
+                "cpn": host_copy(self.cpn.state_dict()),
+                "v": None if self.v is None else self.v.detach().to("cpu", copy=True), "fits_done": self.fits_done}
+
+    def load_client_state(self, state: Dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.global_model.load_state_dict(state["global_model"])
+        self.cpn.load_state_dict(state["cpn"])
+        self.v = None if state["v"] is None else state["v"].to(self.ctx.device)
+        self.fits_done = int(state.get("fits_done", 0))
+
+    def swapped_in(self) -> None:
+        self.random_input = self._random_input()
+
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.global_model.load_state_dict(state["global_model"])
         self.cpn.load_state_dict(state["cpn"])
         self.v = None if state["v"] is None else state["v"].to(self.ctx.device)
-        ri = state.get("random_input")
-        self.random_input = None if ri is None else ri.to(self.ctx.device)
+        self.random_input = self._random_input()  # a function of (seed, client): the stored copy is not needed
         self.fits_done = int(state.get("fits_done", 0))
