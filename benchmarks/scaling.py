@@ -5,6 +5,7 @@ the exchange of replies (waiting for the slowest process included), and peak mem
 
     python benchmarks/scaling.py                        # CIFAR-shaped synthetic data, cnn4, 100 clients
     python benchmarks/scaling.py --dataset digits --clients 20 --model mlp
+    python benchmarks/scaling.py --fast                 # distributed.exact=false: the all-reduce fast path
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _config(args: argparse.Namespace):
         "dataset": {"name": args.dataset}, "partition": {"name": "iid", "num_clients": args.clients},
         "model": {"name": args.model}, "rounds": args.rounds + 1, "eval": {"every": 10 ** 6}, "device": "cpu",
         "checkpoint": {"every": 0, "final": False}, "threads": 1,
-        "train": {"batch_size": 32, "local_epochs": 1, "lr": 0.01},
+        "train": {"batch_size": 32, "local_epochs": 1, "lr": 0.01}, "distributed": {"exact": not args.fast},
     }], algorithm="fedavg")
 
 
@@ -45,16 +46,16 @@ def _measure(args: argparse.Namespace, backend: Any, run_dir: Path) -> Dict[str,
 
     exchange = [0.0]
     if backend is not None:
-        inner_gather = backend._all_gather
+        inner_guard = backend._guard  # every collective (gather of replies, all-reduce) goes through it
 
-        def timed(obj, what):  # the exchange, including the wait for the slowest process
+        def timed(fn, what):  # the exchange, including the wait for the slowest process
             t = time.perf_counter()
             try:
-                return inner_gather(obj, what)
+                return inner_guard(fn, what)
             finally:
                 exchange[0] += time.perf_counter() - t
 
-        backend._all_gather = timed
+        backend._guard = timed
     sim = Simulation(_config(args), run_dir=run_dir, backend=backend, tensorboard=False)
     walls, shares = [], []
     for rnd in range(1, args.rounds + 2):
@@ -97,6 +98,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds (after one warm-up round)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--fast", action="store_true", help="distributed.exact=false: all-reduce the weighted sums")
     args = ap.parse_args()
     torch.set_num_threads(1)
     import torch.multiprocessing as mp
@@ -112,7 +114,7 @@ def main() -> None:
                            start_method="spawn")
         dist_res = queue.get()
     print(f"dataset={args.dataset} model={args.model} clients={args.clients} timed rounds={args.rounds} "
-          f"(median), 1 torch thread per process, host {socket.gethostname()}, {torch.get_num_threads()} thread")
+          f"(median), {'fast path' if args.fast else 'exact'}, 1 torch thread per process, host {socket.gethostname()}, {torch.get_num_threads()} thread")
     print(f"1 process:  {serial['wall']:8.2f} s/round   peak memory {serial['peak_mib']:.0f} MiB")
     print(f"{args.workers} processes: {dist_res['wall']:8.2f} s/round   speed-up {serial['wall'] / dist_res['wall']:.2f}x"
           f"   exchange share {100 * dist_res['share']:.1f}% of a round (rank 0, waiting included)   peak memory "

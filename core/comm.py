@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .backend import Call, ExecutionBackend
 from .errors import PflError
@@ -37,8 +37,11 @@ class Communicator:
     """
 
     def __init__(self, backend: ExecutionBackend, client_ids: Sequence[int], seed: int,
-                 guard: PrivacyGuard, on_client_error: str = "skip", rollback: bool = True):
+                 guard: PrivacyGuard, on_client_error: str = "skip", rollback: bool = True,
+                 mean_fields: Sequence[str] = ()):
         self.backend = backend
+        # reply fields to average inside a backend that can (``execute_mean``: the distributed fast path)
+        self.mean_fields = tuple(mean_fields) if callable(getattr(backend, "execute_mean", None)) else ()
         self.client_ids = list(client_ids)
         self.seed = seed
         self.on_client_error = on_client_error
@@ -72,7 +75,12 @@ class Communicator:
             calls[cid] = Call(msg, derive_seed(self.seed, "client", cid, self.round, phase), self.round)
             if accounted:
                 self.traffic.bytes_down += payload_nbytes(msg.payload)
-        results = self.backend.execute(calls, snapshot=accounted and self.rollback_enabled)
+        snapshot = accounted and self.rollback_enabled
+        vetted: Optional[Dict[int, Tuple[Optional[str], int]]] = None
+        if self.mean_fields:  # each owner vets its clients' replies before their fields enter the sums
+            results, vetted = self.backend.execute_mean(calls, snapshot, self.mean_fields, self.vet)
+        else:
+            results = self.backend.execute(calls, snapshot=snapshot)
         replies: Dict[int, Dict[str, Any]] = {}
         for cid, res in results.items():
             self.traffic.client_seconds[cid] = self.traffic.client_seconds.get(cid, 0.0) + res.seconds
@@ -82,20 +90,24 @@ class Communicator:
                                       f"('{calls[cid].message.kind}'): {res.error}\n{res.detail}")
                 self._reject(cid, calls[cid].message.kind, f"raised {res.error}", res.detail, accounted)
                 continue
-            leak = self._guard.violation(cid, res.reply)
-            if leak is not None:
-                self._reject(cid, calls[cid].message.kind, leak, "", accounted)
+            reason, nbytes = vetted[cid] if vetted is not None else (self.vet(cid, res.reply), None)
+            if reason is not None:
+                self._reject(cid, calls[cid].message.kind, reason, "", accounted)
                 continue
-            bad = first_non_finite(res.reply)
-            if bad is not None:
-                self._reject(cid, calls[cid].message.kind, f"reply field '{bad}' holds NaN/Inf", "", accounted)
-                continue
-            if accounted:
-                self.traffic.bytes_up += payload_nbytes(res.reply)
+            if accounted:  # a reduced reply was counted whole by its owner
+                self.traffic.bytes_up += nbytes if nbytes is not None else payload_nbytes(res.reply)
                 if "train_loss" in res.reply:
                     self.traffic.train_replies[cid] = res.reply
             replies[cid] = res.reply
         return replies
+
+    def vet(self, cid: int, reply: Any) -> Optional[str]:
+        """Why ``cid``'s reply is refused (privacy boundary, then NaN/Inf), or None when it is accepted."""
+        leak = self._guard.violation(cid, reply)
+        if leak is not None:
+            return leak
+        bad = first_non_finite(reply)
+        return None if bad is None else f"reply field '{bad}' holds NaN/Inf"
 
     def _reject(self, cid: int, kind: str, reason: str, detail: str, accounted: bool) -> None:
         self.traffic.failures.append({"round": self.round, "client": cid, "kind": kind, "reason": reason})

@@ -79,6 +79,11 @@ CORE_SCHEMA: Dict[str, Any] = {
                                  choices=("skip", "abort")),
         "rollback": Param(True, "restore a failed or rejected client's state to before the call"),
     },
+    "distributed": {
+        "exact": Param(True, "multi-process runs: true sums uploads in one canonical client order (the serial run's "
+                             "exact numbers); false lets an aggregator that needs only the weighted mean of uploads "
+                             "(FedAvg) all-reduce per-rank partial sums: far less traffic, last-digit differences"),
+    },
     "split": {
         "test_ratio": Param(0.25, "per-client test fraction (stratified by label)", check=open_unit_interval),
         "train_size": Param(None, "fixed train samples per client (with test_size; overrides test_ratio)", type=int),

@@ -13,7 +13,7 @@ Strategies with more phases (pre-training, cross-client work) override ``setup``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from torch import nn
 
 from .params import ParamSpec
 from .protocol import Message
-from .state import State, clone_state, weighted_average
+from .state import State, WeightedMean, clone_state, weighted_average
 from .task import Task
 
 
@@ -54,6 +54,18 @@ class ServerAggregator:
 
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
+
+    # reply fields of which this strategy only needs the sample-weighted mean (weights: each reply's
+    # ``num_samples``) over the replying clients. With ``distributed.exact: false`` a distributed run then sums
+    # them per rank and all-reduces the sums, and every accepted reply holds one ``state.WeightedMean`` in that
+    # field; otherwise the replies are unchanged. Read from the class that declares it only (``reduced_fields``).
+    mean_fields: Tuple[str, ...] = ()
+
+    @classmethod
+    def reduced_fields(cls) -> Tuple[str, ...]:
+        """``mean_fields`` declared by this very class: a subclass that changes the aggregation must not inherit
+        a promise its parent made."""
+        return tuple(vars(cls).get("mean_fields", ()))
 
     @classmethod
     def delivers_shared_state(cls) -> bool:
@@ -118,6 +130,9 @@ class GlobalModelAggregator(ServerAggregator):
             return None
         cids = sorted(replies)
         states = [replies[c]["params"] for c in cids]
+        if isinstance(states[0], WeightedMean):  # already averaged across ranks (mean_fields, distributed fast path)
+            self.global_state.update(states[0].state)
+            return None
         weights = [float(replies[c]["num_samples"]) for c in cids]
         combined = self.combine(states, weights, cids)
         self.global_state.update(combined)

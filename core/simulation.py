@@ -309,8 +309,12 @@ class Simulation:
             data_info={"dataset": cfg.dataset.name, "input_shape": tuple(self.data.bundle.input_shape),
                        "meta": self.data.bundle.meta})
         self.server = self.aggregator_cls(self.server_ctx)
+        # distributed.exact false: the aggregator's declared mean fields are all-reduced (a backend that cannot
+        # ignores them); .get: a run saved before the key existed resumes exact
+        exact = bool(cfg.get("distributed", {}).get("exact", True))
         self.comm = Communicator(self.backend, self.client_ids, cfg.seed, self.guard,
-                                 cfg.failures.on_client_error, cfg.failures.rollback)
+                                 cfg.failures.on_client_error, cfg.failures.rollback,
+                                 mean_fields=() if exact else getattr(self.aggregator_cls, "reduced_fields", tuple)())
         self.channel = self.comm.channel()  # all the server strategy gets: it can send, nothing more
         self.history = History(self.task.metric_name, self.task.higher_is_better)
         self.completed_round = 0

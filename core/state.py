@@ -64,6 +64,18 @@ def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
     return {k: out[k] for k in keys}
 
 
+class WeightedMean:
+    """The sample-weighted mean of one reply field over the replying clients, computed before the server saw the
+    replies (distributed fast path, ``ServerAggregator.mean_fields``): every accepted reply holds this same object
+    in place of its own value. ``state``: the mean, as ``weighted_average`` returns it; ``weight``: the sum of the
+    weights (``num_samples``)."""
+
+    __slots__ = ("state", "weight")
+
+    def __init__(self, state: State, weight: float) -> None:
+        self.state, self.weight = state, weight
+
+
 def load_into(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Copy ``state`` (any subset of keys) into ``model`` in place, without touching the other keys."""
     own = model.state_dict()

@@ -341,3 +341,65 @@ def test_torchrun_max_restarts_resumes_a_killed_run_to_the_serial_numbers(tmp_pa
     assert proc.returncode == 0, err
     assert "resuming" in out  # the restarted workers continued the run
     assert _records(run) == _records(_serial(tmp_path, "fedavg", "serial", rounds=rounds))
+
+
+# -- the all-reduce fast path (distributed.exact false) -----------------------------------------------------------
+def _fast_worker(rank: int, world: int, port: int, jobs: List[dict], count_dir: str) -> None:
+    """``_group_worker`` that also counts the all-reduced sends of each rank (the fast path must really run)."""
+    from pflkit.core.distributed.backend import DistributedBackend
+
+    calls = [0]
+    original = DistributedBackend.execute_mean
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    DistributedBackend.execute_mean = counting
+    try:
+        _group_worker(rank, world, port, jobs)
+    finally:
+        DistributedBackend.execute_mean = original
+        Path(count_dir, f"rank{rank}").write_text(str(calls[0]))
+
+
+def test_fast_path_all_reduces_fedavg_close_to_the_serial_numbers(tmp_path, misbehaving):
+    import torch.multiprocessing as mp
+
+    from pflkit.core.checkpoint import load_checkpoint
+
+    fast = ["distributed.exact=false"]
+    jobs = [{**_fresh(tmp_path, algo, f"fast-{algo}", rounds=3)} for algo in ("fedavg", "misbehaving")]
+    for job in jobs:
+        job["sets"] = job["sets"] + fast
+    ctx = mp.start_processes(_fast_worker, args=(2, _free_port(), jobs, str(tmp_path)), nprocs=2, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + 400
+    try:
+        while not ctx.join(timeout=5):
+            assert time.monotonic() < deadline, "distributed jobs did not finish in time"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    # fit sends (3 rounds) and evaluations (every round) of both runs went through the fast path on both ranks
+    assert [int((tmp_path / f"rank{r}").read_text()) for r in (0, 1)] == [12, 12]
+    for algo in ("fedavg", "misbehaving"):
+        ref = _serial(tmp_path, algo, f"serial-{algo}", rounds=3)
+        got, want = _records(tmp_path / f"fast-{algo}"), _records(ref)
+        assert [sorted(r) for r in got] == [sorted(r) for r in want], algo
+        for g, w in zip(got, want):  # same rounds, failures and bytes; metrics within float rounding
+            for k, v in w.items():
+                if isinstance(v, float):
+                    assert abs(g[k] - v) <= 1e-4, (algo, k, g[k], v)
+                else:
+                    assert g[k] == v, (algo, k)
+        states = [load_checkpoint(run)[1]["server"]["global_state"] for run in (tmp_path / f"fast-{algo}", ref)]
+        diff = max(float((states[0][k].double() - states[1][k].double()).abs().max()) for k in states[1])
+        assert diff <= 1e-5, (algo, diff)
+        metric = max(abs(g[k] - v) for g, w in zip(got, want) for k, v in w.items() if isinstance(v, float))
+        print(f"{algo}: max |global parameter difference| {diff:.3g}, max |metric difference| {metric:.3g}")
+    # the rejected clients (NaN, non-plain, raw data, raised) are the serial run's, vetted before any sum
+    failures = [_failures(tmp_path / f"{kind}-misbehaving") for kind in ("fast", "serial")]
+    assert failures[0] == failures[1] and len(failures[0]) == 4, failures

@@ -9,16 +9,18 @@ checkpoint is written (``get_state`` is a collective for that reason).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from ..backend import Call, CallResult, ExecutionBackend, SerialBackend, StateOptions
 from ..errors import ConfigError, PflError
-from ..protocol import BitMask
+from ..protocol import BitMask, payload_nbytes
 from ..seeding import rng_state, set_rng_state
+from ..state import WeightedMean
 from .assign import assign_clients, describe, sgd_steps
 
 
@@ -188,6 +190,109 @@ class DistributedBackend(ExecutionBackend):
         # this rank's own clients keep their original replies (exactly what the serial backend hands the server)
         return {cid: results[cid] if cid in results else self._local_result(merged[cid]) for cid in sorted(merged)}
 
+    def execute_mean(self, calls: Dict[int, Call], snapshot: bool, fields: Sequence[str],
+                     vet: Callable[[int, Any], Optional[str]]
+                     ) -> Tuple[Dict[int, CallResult], Dict[int, Tuple[Optional[str], int]]]:
+        """``execute`` for an aggregator that needs only the ``num_samples``-weighted mean of ``fields``.
+
+        Each rank vets its own clients' replies (``vet``: the communicator's privacy and NaN/Inf check, before any
+        value enters a sum), sums ``weight * field`` of the accepted ones as one flat float64 vector per field and
+        all-reduces it with the weights; only the rest of each reply (loss, metrics, num_samples) and the verdicts
+        go to every rank. Returns the results, each accepted reply holding one ``WeightedMean`` per field, and
+        cid -> (refusal reason or None, bytes of the whole reply)."""
+        if not calls:
+            return {}, {}
+        mine = {cid: call for cid, call in calls.items() if self.owner[cid] == self.rank}
+        results = self.inner.execute(mine, snapshot) if mine else {}
+        last = max(calls)
+        rng = rng_state() if self.owner[last] == self.rank else None
+        sums: Dict[str, Optional[torch.Tensor]] = {f: None for f in fields}
+        firsts: Dict[str, Any] = {}  # field -> (cid, layout, integer tensors) of this rank's first contributor
+        weight = {f: 0.0 for f in fields}
+        bad_layout: Optional[str] = None
+        sent: Dict[int, Any] = {}
+        for cid in sorted(results):
+            res = results[cid]
+            verdict, nbytes, reply, reduced = None, 0, res.reply, set()
+            if res.error is None:
+                verdict = vet(cid, reply)
+                if verdict is None:
+                    nbytes = payload_nbytes(reply)
+                    present = [f for f in fields if isinstance(reply, dict) and f in reply]
+                    if present:  # the averaged fields stay behind (None keeps the reply's key order)
+                        reply = {k: None if k in present else v for k, v in reply.items()}
+                    for f in present:
+                        problem = _reducible(res.reply, f)
+                        if problem is None:
+                            layout = _layout(res.reply[f])
+                            if f not in firsts:
+                                firsts[f] = (cid, layout, _to_portable(
+                                    {k: res.reply[f][k] for k, _, dt in layout if not dt.is_floating_point}, None))
+                            elif layout != firsts[f][1]:
+                                problem = f"its '{f}' has other keys, shapes or dtypes than client {firsts[f][0]}'s"
+                        if problem is not None:
+                            bad_layout = bad_layout or f"client {cid}: {problem}"
+                            continue
+                        w = float(res.reply["num_samples"])
+                        flat = torch.cat([res.reply[f][k].detach().reshape(-1).to(torch.float64)
+                                          for k, _, dt in firsts[f][1] if dt.is_floating_point] or
+                                         [torch.zeros(0, dtype=torch.float64)])
+                        sums[f] = flat.mul_(w) if sums[f] is None else sums[f].add_(flat, alpha=w)
+                        weight[f] += w
+                        reduced.add(f)
+            sent[cid] = (self._portable_result(CallResult(res.cid, reply, res.error, res.detail, res.seconds)),
+                         verdict, nbytes, [f for f in fields if f in reduced])
+        what = f"{self.phase}: calls to clients {_span(sorted(calls))}"
+        gathered = self._all_gather((sent, rng, firsts, bad_layout), what)
+        merged: Dict[int, Any] = {}
+        first_of: Dict[str, Any] = {}
+        for part, state, their_firsts, problem in gathered:  # in rank order: the same on every rank
+            merged.update(part)
+            if state is not None and self.owner[last] != self.rank:
+                set_rng_state(state)
+            if problem is not None:  # every rank sees it and stops alike
+                raise PflError(f"distributed.exact false: cannot average the replies of clients "
+                               f"{_span(sorted(calls))}: {problem}; set distributed.exact true")
+            for f, first in their_firsts.items():
+                if f in first_of and first[1] != first_of[f][1]:
+                    raise PflError(f"distributed.exact false: clients {first[0]} and {first_of[f][0]} upload "
+                                   f"'{f}' with other keys, shapes or dtypes; set distributed.exact true")
+                if f not in first_of or first[0] < first_of[f][0]:  # integer keys: the lowest client's, as serial
+                    first_of[f] = first
+        means: Dict[str, WeightedMean] = {}
+        for f in fields:  # the same fields in the same order on every rank: one all-reduce each
+            if f not in first_of:
+                continue
+            _, layout, ints = first_of[f]
+            size = sum(math.prod(shape) for _, shape, dt in layout if dt.is_floating_point)
+            local = sums[f] if sums[f] is not None else torch.zeros(size, dtype=torch.float64)
+            buf = torch.cat([local, torch.tensor([weight[f]], dtype=torch.float64)]).to(self._reduce_device())
+            self._guard(lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group), f"{what} (all-reduce)")
+            means[f] = WeightedMean(_unflatten(buf[:-1] / buf[-1], layout, ints, self.device), float(buf[-1]))
+        for cid, (res, _, _, _) in merged.items():
+            self.rank_seconds[self.owner[cid]] += res.seconds
+        out: Dict[int, CallResult] = {}
+        verdicts: Dict[int, Tuple[Optional[str], int]] = {}
+        for cid in sorted(merged):
+            res, verdict, nbytes, present = merged[cid]
+            if cid in results:  # this rank's own clients keep their own reply objects (serial backend's replies)
+                res = results[cid]
+                if present:
+                    res = CallResult(cid, {k: means[k] if k in present else v for k, v in res.reply.items()},
+                                     res.error, res.detail, res.seconds)
+            else:
+                res = self._local_result(res)
+                if present:
+                    res = CallResult(cid, {k: means[k] if k in present else v for k, v in res.reply.items()},
+                                     res.error, res.detail, res.seconds)
+            out[cid] = res
+            verdicts[cid] = (verdict, nbytes)
+        return out, verdicts
+
+    def _reduce_device(self) -> torch.device:
+        # gloo reduces CPU tensors; NCCL needs this rank's GPU
+        return self.device if dist.get_backend(self.group) == "nccl" else torch.device("cpu")
+
     def _data(self, cid: int) -> List[torch.Tensor]:
         ctx = self._contexts.get(cid)
         if ctx is None:
@@ -265,6 +370,37 @@ class DistributedBackend(ExecutionBackend):
             raise WorkerLost(f"rank {self.rank}: lost contact with another process of the run during {what} "
                              f"({first}); a worker died or stopped answering. Clients by rank: "
                              f"{self.describe()}") from None
+
+
+def _reducible(reply: Dict[str, Any], field: str) -> Optional[str]:
+    """Why ``reply[field]`` cannot enter a weighted sum, or None."""
+    value = reply[field]
+    if not isinstance(value, dict) or not all(isinstance(v, torch.Tensor) for v in value.values()):
+        return f"'{field}' is not a dict of tensors"
+    n = reply.get("num_samples")
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return "the reply has no numeric 'num_samples' to weight it by"
+    return None
+
+
+def _layout(state: Dict[str, torch.Tensor]) -> List[Tuple[str, Tuple[int, ...], torch.dtype]]:
+    return [(k, tuple(v.shape), v.dtype) for k, v in state.items()]
+
+
+def _unflatten(flat: torch.Tensor, layout: List[Tuple[str, Tuple[int, ...], torch.dtype]], ints: Dict[str, Any],
+               device: torch.device) -> Dict[str, torch.Tensor]:
+    """The state of ``layout`` from the flat mean of its floating keys; integer keys (BN batch counters) take the
+    first contributing client's value, as ``weighted_average`` does."""
+    out: Dict[str, torch.Tensor] = {}
+    at = 0
+    for k, shape, dt in layout:
+        if dt.is_floating_point:
+            n = math.prod(shape)
+            out[k] = flat[at:at + n].reshape(shape).to(device=device, dtype=dt)
+            at += n
+        else:
+            out[k] = _from_portable(ints[k], device, []).to(device).clone()
+    return out
 
 
 def _span(ids: List[int]) -> str:

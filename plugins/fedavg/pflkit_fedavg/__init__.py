@@ -19,6 +19,7 @@ class FedAvgAggregator(GlobalModelAggregator):
     """Sample-weighted mean of the uploaded models (Algorithm 1, line 'w <- sum_k n_k/n w_k')."""
 
     description = "sample-weighted average of uploads"
+    mean_fields = ("params",)  # only the weighted mean of the uploads is needed: a distributed run may all-reduce it
 
 
 ALGORITHM = Algorithm(
