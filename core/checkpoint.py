@@ -27,7 +27,7 @@ import os
 import tempfile
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
+from typing import Any, BinaryIO, Dict, Iterator, List, Tuple
 
 import numpy as np
 import torch

@@ -15,7 +15,7 @@ from torch import nn
 
 from .params import Param, ParamSpec
 from .protocol import Message
-from .state import State, bn_keys, clone_state, load_into, module_keys
+from .state import State, bn_keys, load_into, module_keys
 from .task import Task
 from .training import TensorData, evaluate, make_optimizer, minibatches, run_sgd
 

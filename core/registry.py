@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 from .errors import PluginError, unknown_name  # noqa: F401 (re-exported)
 

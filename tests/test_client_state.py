@@ -14,7 +14,7 @@ from pflkit.core.backend import SerialBackend
 from pflkit.core.checkpoint import CHECKPOINT_NAME, MAGIC, load_checkpoint, open_checkpoint, to_safe
 from pflkit.core.client import can_pool, state_declared
 from pflkit.core.clientstate import ClientStateStore, parse_size
-from pflkit.core.errors import CheckpointError, ConfigError
+from pflkit.core.errors import ConfigError
 from pflkit.core.server import GlobalModelAggregator, ServerAggregator
 from pflkit.core.testing import tiny_config
 

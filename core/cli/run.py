@@ -88,13 +88,20 @@ def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[s
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, the last checkpoint stays usable
         click.echo(f"stopped; continue from the last checkpoint with:\n  fl run --resume {sim.run_dir}", err=True)
         sys.exit(INTERRUPTED)
+    if report_result(result, sim.run_dir):
+        sys.exit(INTERRUPTED)  # so that 'fl run ... && next' stops
+
+
+def report_result(result: Dict[str, Any], run_dir: Path) -> bool:
+    """Print a finished (or interrupted) run's summary and where its files are; True when it was interrupted."""
     click.echo(format_summary(result))
-    click.echo(f"metrics: {sim.run_dir / 'metrics.jsonl'}\n"
-               f"watch in TensorBoard: tensorboard --logdir {sim.run_dir / 'tb'}")
+    click.echo(f"metrics: {run_dir / 'metrics.jsonl'}\n"
+               f"watch in TensorBoard: tensorboard --logdir {run_dir / 'tb'}")
     if result.get("interrupted"):
         click.echo(f"interrupted after round {result['rounds_completed']}; continue with:\n"
-                   f"  fl run --resume {sim.run_dir}")
-        sys.exit(INTERRUPTED)  # so that 'fl run ... && next' stops
+                   f"  fl run --resume {run_dir}")
+        return True
+    return False
 
 
 def _torchrun_endpoint():

@@ -267,16 +267,9 @@ def _run(req: RunRequest, ep: Endpoint, backend: DistributedBackend) -> int:
     result = sim.run()
     if ep.rank != 0:
         return INTERRUPTED if result.get("interrupted") else 0
-    from ..cli.run import format_summary
+    from ..cli.run import report_result
 
-    click.echo(format_summary(result))
-    click.echo(f"metrics: {sim.run_dir / 'metrics.jsonl'}\n"
-               f"watch in TensorBoard: tensorboard --logdir {sim.run_dir / 'tb'}")
-    if result.get("interrupted"):
-        click.echo(f"interrupted after round {result['rounds_completed']}; continue with:\n"
-                   f"  fl run --resume {sim.run_dir}")
-        return INTERRUPTED
-    return 0
+    return INTERRUPTED if report_result(result, sim.run_dir) else 0
 
 
 def torchrun_endpoint() -> Optional[Endpoint]:

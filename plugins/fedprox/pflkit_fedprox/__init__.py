@@ -12,7 +12,7 @@ BN running statistics are buffers and are not part of it anyway). The paper's sy
 (clients doing a variable amount of local work, "stragglers") are not modelled here; every client runs the
 configured ``train.local_epochs``.
 """
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List
 
 import torch
 

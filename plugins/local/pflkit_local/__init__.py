@@ -2,9 +2,9 @@
 
 The lower reference point of every pFL table ("Local" / "Local-only").
 """
-from typing import Any, Dict, Sequence
+from typing import Any, Dict
 
-from pflkit.core import Algorithm, LocalSGDTrainer, Message, ServerAggregator
+from pflkit.core import Algorithm, LocalSGDTrainer, ServerAggregator
 
 
 class LocalTrainer(LocalSGDTrainer):
