@@ -83,6 +83,9 @@ CORE_SCHEMA: Dict[str, Any] = {
         "exact": Param(True, "multi-process runs: true sums uploads in one canonical client order (the serial run's "
                              "exact numbers); false lets an aggregator that needs only the weighted mean of uploads "
                              "(FedAvg) all-reduce per-rank partial sums: far less traffic, last-digit differences"),
+        "backend": Param("auto", "multi-process runs: what carries the all-reduce of device tensors (the fast path): "
+                                 "nccl (CUDA GPUs only), gloo, or auto (nccl when the run computes on CUDA GPUs); "
+                                 "replies and states always travel pickled over gloo", choices=("auto", "gloo", "nccl")),
     },
     "split": {
         "test_ratio": Param(0.25, "per-client test fraction (stratified by label)", check=open_unit_interval),
@@ -351,7 +354,7 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
 # changing what has been computed so far. Every other key is fixed by the checkpoint's configuration hash.
 # ``threads`` may change too, with a warning: later rounds then differ in the last digits (see Simulation.resume).
 RESUME_SAFE_KEYS = ("rounds", "eval.every", "eval.final_k", "checkpoint.every", "failures.on_client_error",
-                    "threads", "checkpoint.final", "clients.state_memory")
+                    "threads", "checkpoint.final", "clients.state_memory", "distributed.backend")
 # Where a run lives is not part of what it computes: a run directory may be moved or renamed.
 LOCATION_KEYS = ("output_dir", "run_name")
 # Keys added after checkpoints existed: at these values they compute what the configuration computed before the

@@ -1,5 +1,6 @@
 """The torch.distributed backend: N = 2 processes (gloo on 127.0.0.1) give the serial run's exact numbers, resume
 across world sizes, refuse bad input with one line, and stop with a clear message when a worker dies."""
+import contextlib
 import json
 import os
 import re
@@ -129,20 +130,46 @@ def _group_worker(rank: int, world: int, port: int, jobs: List[dict]) -> None:
         for job in jobs:
             req = RunRequest(config_file=job.get("config"), sets=tuple(job.get("sets", ())),
                              resume_dir=job.get("resume"), progress=False)
-            assert _run(req, ep, DistributedBackend()) == 0
+            backend = DistributedBackend()
+            with _gloo_standing_in_for_nccl(job.get("device_group", False)):
+                assert _run(req, ep, backend) == 0
+            assert (backend.device_group is not None) == job.get("device_group", False)
     finally:
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def _gloo_standing_in_for_nccl(on: bool):
+    """The start-up picks NCCL and creates a second process group for device tensors, but (no GPU here) that group
+    is a gloo group on the CPU: the plumbing of the NCCL path, minus NCCL itself."""
+    from pflkit.core.distributed import worker
+
+    if not on:
+        yield
+        return
+    pick, new_group = worker.device_collective_backend, worker.dist.new_group
+    worker.device_collective_backend = lambda requested, device: "nccl"
+    worker.dist.new_group = lambda backend=None, **kw: new_group(backend="gloo", **kw)
+    try:
+        yield
+    finally:
+        worker.device_collective_backend, worker.dist.new_group = pick, new_group
+
+
 def _spawn(jobs: List[dict], world: int = 2, timeout: float = 400) -> None:
+    _start_and_join(_group_worker, (world, _free_port(), jobs), world, timeout)
+
+
+def _start_and_join(fn, args: tuple, nprocs: int = 2, timeout: float = 400) -> None:
+    """``fn(rank, *args)`` in ``nprocs`` spawned processes; fails if one fails or all have not ended in time, and
+    kills whatever is left either way."""
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_group_worker, args=(world, _free_port(), jobs), nprocs=world, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     try:
         while not ctx.join(timeout=5):
-            assert time.monotonic() < deadline, "distributed jobs did not finish in time"
+            assert time.monotonic() < deadline, "the spawned processes did not finish in time"
     finally:
         for p in ctx.processes:
             if p.is_alive():
@@ -272,6 +299,72 @@ def test_bad_distributed_input_is_one_line_and_leaves_no_run_directory(tmp_path,
     assert not (tmp_path / "out" / "r").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
+def test_nccl_without_gpus_is_one_line_before_any_process_starts(tmp_path, monkeypatch):
+    res = _fl_here(monkeypatch, {}, "run", "--plugin", "fedavg", "--workers", "2", "--set", "partition.num_clients=4",
+                   "--set", "distributed.backend=nccl", "--set", f"output_dir={tmp_path / 'out'}", "--set", "run_name=r")
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip() == ("Error: distributed.backend=nccl needs CUDA GPUs, but the run computes on cpu (no "
+                                  "GPU found, or device=cpu); use distributed.backend=gloo or auto"), res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_collective_backend_choice():
+    from pflkit.core.distributed.backend import device_collective_backend as pick
+    from pflkit.core.errors import ConfigError
+
+    gpu, cpu = torch.device("cuda", 1), torch.device("cpu")
+    assert pick("auto", gpu, nccl_available=True) == "nccl"
+    assert pick("auto", gpu, nccl_available=False) == "gloo"
+    assert pick("auto", cpu, nccl_available=True) == "gloo"
+    assert pick("gloo", gpu, nccl_available=True) == "gloo"
+    assert pick("nccl", gpu, nccl_available=True) == "nccl"
+    with pytest.raises(ConfigError, match="needs CUDA GPUs, but the run computes on cpu"):
+        pick("nccl", cpu, nccl_available=True)
+    with pytest.raises(ConfigError, match="this torch build has no NCCL"):
+        pick("nccl", gpu, nccl_available=False)
+
+
+def _refusing_worker(rank: int, world: int, ports: List[int], cases: List[dict], out_dir: str) -> None:
+    """Each case: one ``run_process`` (the torchrun path) whose start-up must fail on every rank; its exit status
+    and what it printed go to ``out_dir``. ``version``: rank 1 reports another version of a plugin."""
+    import contextlib
+    import io
+
+    torch.set_num_threads(1)
+    from pflkit.core.distributed import worker
+
+    original = worker.plugin_versions
+    for k, (case, port) in enumerate(zip(cases, ports)):
+        if case.get("version") and rank == 1:
+            worker.plugin_versions = lambda: {**original(), "pflkit-fedavg": case["version"]}
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = worker.run_process(worker.RunRequest(config_file=case["config"], sets=tuple(case["sets"]),
+                                                      progress=False),
+                                    worker.Endpoint(rank, world, rank, "127.0.0.1", port))
+        worker.plugin_versions = original
+        Path(out_dir, f"case{k}-rank{rank}.json").write_text(json.dumps({"rc": rc, "err": err.getvalue()}))
+
+
+def test_mismatched_versions_and_nccl_without_gpus_are_refused_by_every_rank(tmp_path):
+    """Under torchrun every process checks for itself: a rank with another plugin version, or NCCL asked for on
+    a machine without GPUs, stops every rank with one line (printed by rank 0) and no run directory."""
+    cases = [{**_fresh(tmp_path, "fedavg", "versions"), "version": "0.0.1+other"}]
+    if not torch.cuda.is_available():
+        job = _fresh(tmp_path, "fedavg", "nccl")
+        cases.append({**job, "sets": job["sets"] + ["distributed.backend=nccl"]})
+    _start_and_join(_refusing_worker, (2, [_free_port() for _ in cases], cases, str(tmp_path)), timeout=300)
+    wanted = ["rank 1 runs pflkit-fedavg 0.0.1+other but rank 0 runs", "distributed.backend=nccl needs CUDA GPUs"]
+    for k, case in enumerate(cases):
+        got = [json.loads((tmp_path / f"case{k}-rank{r}.json").read_text()) for r in (0, 1)]
+        assert [g["rc"] for g in got] == [2, 2], got
+        lines = got[0]["err"].strip().splitlines()
+        assert len(lines) == 1 and wanted[k] in lines[0] and lines[0].startswith("Error: "), got
+        assert got[1]["err"] == "", got  # rank 0 speaks for the run
+        assert not (tmp_path / ("versions", "nccl")[k]).exists()
+
+
 def test_a_killed_worker_stops_the_run_with_a_message_naming_it(tmp_path):
     cfg = _config_file(tmp_path, "fedavg", rounds=400, checkpoint={"every": 1})
     run = tmp_path / "k"
@@ -364,27 +457,33 @@ def _fast_worker(rank: int, world: int, port: int, jobs: List[dict], count_dir: 
 
 
 def test_fast_path_all_reduces_fedavg_close_to_the_serial_numbers(tmp_path, misbehaving):
-    import torch.multiprocessing as mp
-
     from pflkit.core.checkpoint import load_checkpoint
 
     fast = ["distributed.exact=false"]
     jobs = [{**_fresh(tmp_path, algo, f"fast-{algo}", rounds=3)} for algo in ("fedavg", "misbehaving")]
+    # checkpoints across world sizes on the fast path: 2 processes -> 2 (resumed in this group), 2 -> 1, 1 -> 2
+    jobs += [_fresh(tmp_path, "fedavg", "fast-part", rounds=1), _fresh(tmp_path, "fedavg", "fast-to-serial", rounds=1)]
+    jobs += [{"resume": str(tmp_path / "fast-part"), "sets": ["rounds=3"]}]
+    from_serial = _serial(tmp_path, "fedavg", "serial-to-fast", rounds=1, distributed={"exact": False})
+    jobs += [{"resume": str(from_serial), "sets": ["rounds=3"]}]
+    # the all-reduce through a second group for device tensors (what NCCL does on GPUs), stood in for by gloo
+    jobs += [{**_fresh(tmp_path, "fedavg", "fast-device-group", rounds=3), "device_group": True}]
     for job in jobs:
-        job["sets"] = job["sets"] + fast
-    ctx = mp.start_processes(_fast_worker, args=(2, _free_port(), jobs, str(tmp_path)), nprocs=2, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + 400
-    try:
-        while not ctx.join(timeout=5):
-            assert time.monotonic() < deadline, "distributed jobs did not finish in time"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        if "config" in job:
+            job["sets"] = job["sets"] + fast
+    _start_and_join(_fast_worker, (2, _free_port(), jobs, str(tmp_path)))
     # fit sends (3 rounds) and evaluations (every round) of both runs went through the fast path on both ranks
-    assert [int((tmp_path / f"rank{r}").read_text()) for r in (0, 1)] == [12, 12]
+    assert [int((tmp_path / f"rank{r}").read_text()) for r in (0, 1)] == [30, 30]  # 15 rounds in all, 2 sends each
+    whole = _records(tmp_path / "fast-fedavg")
+    assert _records(tmp_path / "fast-part") == whole  # resumed on the same world size: bit for bit
+    assert _records(tmp_path / "fast-device-group") == whole
+    Simulation.resume(tmp_path / "fast-to-serial", overrides={"rounds": 3}, tensorboard=False).run()
+    serial_whole = _records(_serial(tmp_path, "fedavg", "serial-whole", rounds=3))
+    for moved in (tmp_path / "fast-to-serial", from_serial):  # other world size: within float rounding
+        got = _records(moved)
+        assert [sorted(r) for r in got] == [sorted(r) for r in serial_whole]
+        assert max(abs(g[k] - v) for g, w in zip(got, serial_whole) for k, v in w.items()
+                   if isinstance(v, float)) <= 1e-4
     for algo in ("fedavg", "misbehaving"):
         ref = _serial(tmp_path, algo, f"serial-{algo}", rounds=3)
         got, want = _records(tmp_path / f"fast-{algo}"), _records(ref)

@@ -114,6 +114,24 @@ def _from_portable(obj: Any, device: torch.device, data: List[torch.Tensor]) -> 
     return obj
 
 
+def device_collective_backend(requested: str, device: torch.device, nccl_available: Optional[bool] = None) -> str:
+    """The torch.distributed backend for the all-reduce of device tensors (``distributed.backend``): "nccl" or
+    "gloo". ``auto`` picks NCCL when the run computes on a CUDA GPU and this torch has NCCL, else gloo; ``nccl``
+    without both is bad input (ConfigError)."""
+    nccl = dist.is_nccl_available() if nccl_available is None else nccl_available
+    on_gpu = torch.device(device).type == "cuda"
+    if requested == "auto":
+        return "nccl" if on_gpu and nccl else "gloo"
+    if requested == "nccl":
+        if not on_gpu:
+            raise ConfigError(f"distributed.backend=nccl needs CUDA GPUs, but the run computes on {device} "
+                              f"(no GPU found, or device=cpu); use distributed.backend=gloo or auto")
+        if not nccl:
+            raise ConfigError("distributed.backend=nccl: this torch build has no NCCL; use distributed.backend=gloo "
+                              "or auto")
+    return requested
+
+
 class DistributedBackend(ExecutionBackend):
     """Runs this rank's clients with an inner local backend and shares every result with every rank.
 
@@ -138,6 +156,8 @@ class DistributedBackend(ExecutionBackend):
         self._contexts: Dict[int, Any] = {}  # every client's context (data), when the trainer factory has them
         self.phase = "start-up"  # named in the message when a collective fails
         self.rank_seconds = [0.0] * self.world_size  # client seconds per rank since the last take_rank_seconds
+        # the fast path's all-reduce of device tensors: this group (NCCL on GPUs) when set, else ``group`` on the CPU
+        self.device_group: Any = None
 
     # -- ExecutionBackend ------------------------------------------------------------------------------------
     def start(self, build_trainer: Callable[[int], Any], client_ids: Iterable[int],
@@ -265,9 +285,11 @@ class DistributedBackend(ExecutionBackend):
                 continue
             _, layout, ints = first_of[f]
             size = sum(math.prod(shape) for _, shape, dt in layout if dt.is_floating_point)
-            local = sums[f] if sums[f] is not None else torch.zeros(size, dtype=torch.float64)
-            buf = torch.cat([local, torch.tensor([weight[f]], dtype=torch.float64)]).to(self._reduce_device())
-            self._guard(lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group), f"{what} (all-reduce)")
+            device, group = self._reduce_on()
+            local = sums[f].to(device) if sums[f] is not None else torch.zeros(size, dtype=torch.float64,
+                                                                                device=device)
+            buf = torch.cat([local, torch.tensor([weight[f]], dtype=torch.float64, device=device)])
+            self._guard(lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group), f"{what} (all-reduce)")
             means[f] = WeightedMean(_unflatten(buf[:-1] / buf[-1], layout, ints, self.device), float(buf[-1]))
         for cid, (res, _, _, _) in merged.items():
             self.rank_seconds[self.owner[cid]] += res.seconds
@@ -289,9 +311,15 @@ class DistributedBackend(ExecutionBackend):
             verdicts[cid] = (verdict, nbytes)
         return out, verdicts
 
-    def _reduce_device(self) -> torch.device:
-        # gloo reduces CPU tensors; NCCL needs this rank's GPU
-        return self.device if dist.get_backend(self.group) == "nccl" else torch.device("cpu")
+    def use_device_group(self, group: Any) -> None:
+        """All-reduce the fast path's sums on this rank's device through ``group`` (an NCCL group on GPUs), so they
+        never pass through host memory; without it they are reduced on the CPU through the run's gloo group."""
+        self.device_group = group
+
+    def _reduce_on(self) -> Tuple[torch.device, Any]:
+        if self.device_group is not None:
+            return self.device, self.device_group
+        return torch.device("cpu"), self.group
 
     def _data(self, cid: int) -> List[torch.Tensor]:
         ctx = self._contexts.get(cid)

@@ -51,9 +51,12 @@ def _port(addr: str) -> int:
         return s.getsockname()[1]
 
 
-def _expected_clients(req: RunRequest) -> Optional[int]:
-    """The run's client count when the configuration states it (checked again, exactly, by every process)."""
+def _check_before_start(req: RunRequest) -> Optional[int]:
+    """Reports bad input before any process starts (every process checks it again, exactly); returns the run's
+    client count when the configuration states it."""
     from ..config import load_file, parse_sets, resolve
+    from ..simulation import resolve_device
+    from .backend import device_collective_backend
 
     if req.resume_dir:
         return None
@@ -62,6 +65,7 @@ def _expected_clients(req: RunRequest) -> Optional[int]:
     if req.plugin is None and not any("algorithm" in layer for layer in layers):
         raise ConfigError("name an algorithm: fl run --plugin NAME (fl list algorithms shows them)")
     cfg = resolve(layers, algorithm=req.plugin)  # bad input is reported here, before any process starts
+    device_collective_backend(cfg.get("distributed", {}).get("backend", "auto"), resolve_device(cfg.device))
     n = cfg.get("partition", {}).get("num_clients")
     return int(n) if isinstance(n, int) else None
 
@@ -93,7 +97,7 @@ def launch_local(req: RunRequest, workers: int) -> int:
 
     if workers < 1:
         raise ConfigError(f"--workers {workers}: expected at least 1 process")
-    n = _expected_clients(req)
+    n = _check_before_start(req)
     if n is not None and workers > n:
         raise ConfigError(f"--workers {workers}: the run has {n} clients; use at most {n} processes (each runs at "
                           f"least one client)")

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, PflError
-from .backend import DistributedBackend, WorkerLost
+from .backend import DistributedBackend, WorkerLost, device_collective_backend
 
 log = logging.getLogger("pflkit")
 
@@ -87,7 +87,7 @@ def _first_line(exc: BaseException) -> str:
 
 def init_group(ep: Endpoint) -> None:
     """Join the run's gloo process group (client calls exchange pickled CPU data, which gloo carries on CPU and GPU
-    machines alike)."""
+    machines alike; the NCCL group for device tensors is added once the run's device is known)."""
     rdzv = env_seconds(RENDEZVOUS_TIMEOUT_ENV, DEFAULT_RENDEZVOUS_TIMEOUT)
     timeout = env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT)
     try:
@@ -148,6 +148,24 @@ def _build(req: RunRequest, backend: DistributedBackend, run_dir: Optional[Path]
         return Simulation.resume(named, backend=backend, progress=progress), True
     # rank 0 names the directory (a default name holds the time); the others are given it
     return Simulation(cfg, run_dir=run_dir or default_run_dir(cfg), backend=backend, progress=progress), False
+
+
+def _join_device_group(backend: DistributedBackend, sim: Any) -> None:
+    """Every rank picks the backend for device tensors (``distributed.backend``) for its own device; all must agree,
+    and with NCCL they create the NCCL group together (a collective)."""
+    kind, error = None, None
+    try:
+        kind = device_collective_backend(sim.cfg.get("distributed", {}).get("backend", "auto"), sim.device)
+    except PflError as exc:
+        error = str(exc)
+    kinds = _exchange(backend, "start-up: collective backend", error, (kind, str(sim.device)))
+    for r, (theirs, device) in enumerate(kinds):
+        if theirs != kinds[0][0]:
+            raise _Replicated(f"rank {r} computes on {device} ({theirs}) but rank 0 on {kinds[0][1]} "
+                              f"({kinds[0][0]}): give every machine the same kind of device, or set device=cpu")
+    if kind == "nccl":
+        group = backend._guard(lambda: dist.new_group(backend="nccl"), "start-up: creating the NCCL group")
+        backend.use_device_group(group)
 
 
 def restarted() -> bool:
@@ -254,6 +272,7 @@ def _run(req: RunRequest, ep: Endpoint, backend: DistributedBackend) -> int:
             except PflError as exc:
                 error = str(exc)
         _exchange(backend, "start-up (other ranks)", error)
+        _join_device_group(backend, sim)
     except PflError:
         if sim is not None:
             sim.abandon()  # rank 0 removes the directory it created when nothing was saved
@@ -262,7 +281,8 @@ def _run(req: RunRequest, ep: Endpoint, backend: DistributedBackend) -> int:
     if ep.rank == 0:
         word = "resuming" if resumed else "run directory:"
         click.echo(f"{word} {sim.run_dir}" + (f" after round {sim.completed_round}" if resumed else "")
-                   + f"  ({ep.world_size} processes; {backend.describe()})")
+                   + f"  ({ep.world_size} processes, {'nccl' if backend.device_group is not None else 'gloo'}; "
+                     f"{backend.describe()})")
     backend.phase = "the run"
     result = sim.run()
     if ep.rank != 0:
