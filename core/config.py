@@ -85,7 +85,8 @@ CORE_SCHEMA: Dict[str, Any] = {
                              "(FedAvg) all-reduce per-rank partial sums: far less traffic, last-digit differences"),
         "backend": Param("auto", "multi-process runs: what carries the all-reduce of device tensors (the fast path): "
                                  "nccl (CUDA GPUs only), gloo, or auto (nccl when the run computes on CUDA GPUs); "
-                                 "replies and states always travel pickled over gloo", choices=("auto", "gloo", "nccl")),
+                                 "replies and states always travel pickled over gloo",
+                         choices=("auto", "gloo", "nccl")),
     },
     "split": {
         "test_ratio": Param(0.25, "per-client test fraction (stratified by label)", check=open_unit_interval),

@@ -302,7 +302,8 @@ def test_bad_distributed_input_is_one_line_and_leaves_no_run_directory(tmp_path,
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
 def test_nccl_without_gpus_is_one_line_before_any_process_starts(tmp_path, monkeypatch):
     res = _fl_here(monkeypatch, {}, "run", "--plugin", "fedavg", "--workers", "2", "--set", "partition.num_clients=4",
-                   "--set", "distributed.backend=nccl", "--set", f"output_dir={tmp_path / 'out'}", "--set", "run_name=r")
+                   "--set", "distributed.backend=nccl", "--set", f"output_dir={tmp_path / 'out'}",
+                   "--set", "run_name=r")
     assert res.exit_code == 2, res.stderr
     assert res.stderr.strip() == ("Error: distributed.backend=nccl needs CUDA GPUs, but the run computes on cpu (no "
                                   "GPU found, or device=cpu); use distributed.backend=gloo or auto"), res.stderr

@@ -54,8 +54,8 @@ def format_summary(result: Dict[str, Any]) -> str:
                    "eval.final_k, checkpoint.every, failures.on_client_error).")
 @click.option("--no-progress", is_flag=True, help="Do not draw the progress bar.")
 @click.option("--workers", type=int, default=None, metavar="N",
-              help="Run the clients in N local processes (torch.distributed: gloo, plus NCCL on GPUs); same numbers as one "
-                   "process.")
+              help="Run the clients in N local processes (torch.distributed: gloo, plus NCCL on GPUs); same "
+                   "numbers as one process.")
 @friendly_errors
 def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[str, ...],
                 resume_dir: Optional[str], no_progress: bool, workers: Optional[int]) -> None:
