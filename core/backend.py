@@ -74,6 +74,12 @@ class StateOptions:
 class ExecutionBackend(ABC):
     """Runs client calls and owns every client's state: live trainers, or declared states and a worker pool."""
 
+    def assign(self, costs: Mapping[int, float]) -> List[int]:
+        """Called before ``start``: the clients whose calls this process runs, the only ones whose data and
+        trainers it builds. ``costs``: each client's mini-batches per local epoch (for balancing). A local backend
+        runs every client."""
+        return sorted(costs)
+
     @abstractmethod
     def start(self, build_trainer: Callable[[int], Any], client_ids: Iterable[int],
               state_options: Optional[StateOptions] = None) -> None:

@@ -40,8 +40,10 @@ class Communicator:
                  guard: PrivacyGuard, on_client_error: str = "skip", rollback: bool = True,
                  mean_fields: Sequence[str] = ()):
         self.backend = backend
-        # reply fields to average inside a backend that can (``execute_mean``: the distributed fast path)
-        self.mean_fields = tuple(mean_fields) if callable(getattr(backend, "execute_mean", None)) else ()
+        # a backend that runs clients elsewhere vets each reply where its client's data is (``execute_vetted``), and
+        # may average reply fields there too (``mean_fields``: the distributed fast path)
+        self._owner_vets = callable(getattr(backend, "execute_vetted", None))
+        self.mean_fields = tuple(mean_fields) if self._owner_vets else ()
         self.client_ids = list(client_ids)
         self.seed = seed
         self.on_client_error = on_client_error
@@ -77,8 +79,8 @@ class Communicator:
                 self.traffic.bytes_down += payload_nbytes(msg.payload)
         snapshot = accounted and self.rollback_enabled
         vetted: Optional[Dict[int, Tuple[Optional[str], int]]] = None
-        if self.mean_fields:  # each owner vets its clients' replies before their fields enter the sums
-            results, vetted = self.backend.execute_mean(calls, snapshot, self.mean_fields, self.vet)
+        if self._owner_vets:  # each owner vets its clients' replies (before their fields enter any sum)
+            results, vetted = self.backend.execute_vetted(calls, snapshot, self.vet, self.mean_fields)
         else:
             results = self.backend.execute(calls, snapshot=snapshot)
         replies: Dict[int, Dict[str, Any]] = {}

@@ -29,6 +29,7 @@ from .config import check_resume_overrides, config_fingerprint, deep_merge, to_p
 from .data import FederatedData, build_federated_data
 from .errors import CheckpointError, ConfigError, DataError, PflError
 from .evaluation import History, per_client_metric, summarize
+from .distributed.assign import sgd_steps_per_epoch
 from .distributed.silent import SilentReporter, SilentRunLogger
 from .monitor import RoundReporter, RunLogger, append_run_log
 from .privacy import PrivacyGuard
@@ -280,16 +281,19 @@ class Simulation:
         trainer_hp = EasyDict({k: v for k, v in cfg.trainer.items() if k != "name"})
         self._trainer_hp = trainer_hp
 
-        # clients: each context holds that client's tensors only; the guard fingerprints them once
+        # clients: each context holds that client's tensors only; the guard fingerprints them once. A backend that
+        # runs clients in several processes names this process's clients: only their data is built here
+        self.backend = backend or SerialBackend()
+        local = set(self.backend.assign({cid: sgd_steps_per_epoch(len(self.data.splits[cid].train),
+                                                                  cfg.train.batch_size) for cid in self.client_ids}))
         self.guard = PrivacyGuard()
         self.contexts: Dict[int, ClientContext] = {}
-        for cid in self.client_ids:
+        for cid in (c for c in self.client_ids if c in local):
             train, test = self.data.client_tensors(cid, self.device)
             self.guard.register(cid, [train.x, test.x], [train.y, test.y])
             self.contexts[cid] = ClientContext(
                 cid=cid, train=train, test=test, task=self.task, device=self.device, hp=trainer_hp,
                 train_cfg=cfg.train, build_model=self.build_model, num_clients=len(self.client_ids), seed=cfg.seed)
-        self.backend = backend or SerialBackend()
         # the backend owns the clients' state: one live trainer each, or (a trainer that declares its state) a
         # pooled working trainer plus a store of declared states with a memory budget
         state_opts = StateOptions(parse_size(cfg.get("clients", {}).get("state_memory")), self.run_dir / SPILL_DIR)

@@ -131,11 +131,32 @@ def _group_worker(rank: int, world: int, port: int, jobs: List[dict]) -> None:
             req = RunRequest(config_file=job.get("config"), sets=tuple(job.get("sets", ())),
                              resume_dir=job.get("resume"), progress=False)
             backend = DistributedBackend()
-            with _gloo_standing_in_for_nccl(job.get("device_group", False)):
+            with _gloo_standing_in_for_nccl(job.get("device_group", False)), _data_built() as built:
                 assert _run(req, ep, backend) == 0
             assert (backend.device_group is not None) == job.get("device_group", False)
+            # this process built the data of its own clients only (the privacy check runs where the data is)
+            assert built == backend.owned and len(built) < len(backend.owner), (built, backend.assignment)
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _data_built():
+    """The clients whose data tensors this process builds while the block runs, in order of building."""
+    from pflkit.core.data import FederatedData
+
+    built: List[int] = []
+    original = FederatedData.client_tensors
+
+    def recording(self, cid, device):
+        built.append(cid)
+        return original(self, cid, device)
+
+    FederatedData.client_tensors = recording
+    try:
+        yield built
+    finally:
+        FederatedData.client_tensors = original
 
 
 @contextlib.contextmanager
@@ -443,17 +464,17 @@ def _fast_worker(rank: int, world: int, port: int, jobs: List[dict], count_dir: 
     from pflkit.core.distributed.backend import DistributedBackend
 
     calls = [0]
-    original = DistributedBackend.execute_mean
+    original = DistributedBackend.execute_vetted
 
-    def counting(self, *args, **kwargs):
-        calls[0] += 1
-        return original(self, *args, **kwargs)
+    def counting(self, calls_, snapshot, vet, fields=()):
+        calls[0] += bool(fields)
+        return original(self, calls_, snapshot, vet, fields)
 
-    DistributedBackend.execute_mean = counting
+    DistributedBackend.execute_vetted = counting
     try:
         _group_worker(rank, world, port, jobs)
     finally:
-        DistributedBackend.execute_mean = original
+        DistributedBackend.execute_vetted = original
         Path(count_dir, f"rank{rank}").write_text(str(calls[0]))
 
 

@@ -21,15 +21,20 @@ def assign_clients(cost: Mapping[int, float], world_size: int) -> List[List[int]
     return [sorted(r) for r in ranks]
 
 
+def sgd_steps_per_epoch(num_train: int, batch_size: Any) -> float:
+    """A client's mini-batches per local epoch: the cost that dominates a round (local epochs are the same for
+    every client)."""
+    batch = int(batch_size or 0) or 1
+    return float(max(1, math.ceil(num_train / batch)))
+
+
 def sgd_steps(build_trainer: Callable[[int], Any], cid: int) -> float:
-    """A client's mini-batches per local epoch, from its context when the factory exposes one (else 1): the cost
-    that dominates a round (local epochs are the same for every client)."""
+    """``sgd_steps_per_epoch`` from the client's context when the factory exposes one (else 1)."""
     contexts = getattr(build_trainer, "contexts", None)
     ctx = contexts.get(cid) if isinstance(contexts, dict) else None
     if ctx is None:
         return 1.0
-    batch = int(getattr(ctx.train_cfg, "batch_size", 0) or 0) or 1
-    return float(max(1, math.ceil(ctx.num_train / batch)))
+    return sgd_steps_per_epoch(ctx.num_train, getattr(ctx.train_cfg, "batch_size", 0))
 
 
 def describe(assignment: List[List[int]]) -> str:

@@ -1,9 +1,9 @@
 """``DistributedBackend``: one process per rank, each running its own clients through an inner local backend.
 
 Every rank runs the whole simulation loop (server strategy included) on the same inputs, so every call reaches
-``execute`` on every rank with the same messages. Each rank executes the calls of the clients it owns with its
-inner backend (built like the simulation's default one) and all ranks exchange the results, merged in canonical
-client order: every rank then holds exactly what the serial backend would have returned, and the replicated server
+``execute_vetted`` on every rank with the same messages. Each rank executes and vets the calls of the clients it
+owns with its inner backend (built like the simulation's default one) and all ranks exchange the accepted results
+and every verdict, merged in canonical client order: every rank then holds exactly what the serial backend would have returned, and the replicated server
 computes exactly the serial run's aggregates. Client state never leaves its owner, except to rank 0 when a
 checkpoint is written (``get_state`` is a collective for that reason).
 """
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from ..backend import Call, CallResult, ExecutionBackend, SerialBackend, StateOptions
 from ..errors import ConfigError, PflError
-from ..protocol import BitMask, payload_nbytes
+from ..protocol import payload_nbytes
 from ..seeding import rng_state, set_rng_state
 from ..state import WeightedMean
 from .assign import assign_clients, describe, sgd_steps
@@ -38,36 +38,6 @@ class _OnDevice:
         self.tensor = tensor
 
 
-class _DataView:
-    """A reply tensor that shares storage with its client's data (the privacy check refuses it): sent as its
-    place in that data and rebuilt as the same view of the receiver's copy, so every rank refuses it alike."""
-
-    __slots__ = ("which", "offset", "size", "stride")
-
-    def __init__(self, which: int, t: torch.Tensor) -> None:
-        self.which, self.offset, self.size, self.stride = which, t.storage_offset(), tuple(t.size()), tuple(t.stride())
-
-
-class _Foreign:
-    """A value that is not plain data (the privacy check refuses it by its type name): sent as that name only, so
-    anything, picklable or not, is refused alike on every rank."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-_PLAIN = (bool, int, float, str, type(None), BitMask)
-
-
-def _storage(t: torch.Tensor) -> Optional[int]:
-    try:
-        return t.untyped_storage().data_ptr()
-    except RuntimeError:
-        return None
-
-
 def _rebuild(obj: Any, items: List[Any]) -> Any:
     """``obj`` with new children ``items``; ``obj`` itself when none changed (a state_dict keeps its metadata)."""
     old = list(obj.items()) if isinstance(obj, dict) else list(obj)
@@ -80,37 +50,25 @@ def _rebuild(obj: Any, items: List[Any]) -> Any:
         return dict(items) if isinstance(obj, dict) else type(obj).__mro__[-2](items)
 
 
-def _to_portable(obj: Any, data: Optional[List[torch.Tensor]]) -> Any:
-    """``obj`` made safe to pickle and to rebuild identically elsewhere. ``data``: the client's data tensors, for a
-    reply (whose non-plain values become their type names, as the privacy check sees them); None for a state."""
+def _to_portable(obj: Any) -> Any:
+    """``obj`` made safe to pickle and to rebuild identically elsewhere: accelerator tensors travel as CPU copies.
+    Only vetted replies (plain data: the privacy check refuses anything else) and client states are sent."""
     if isinstance(obj, torch.Tensor):
-        ptr = _storage(obj)
-        for k, d in enumerate(data or []):
-            if ptr is not None and ptr == _storage(d):
-                return _DataView(k, obj)
         return obj if obj.device.type == "cpu" else _OnDevice(obj.detach().cpu())
     if isinstance(obj, dict):
-        return _rebuild(obj, [(k if data is None or isinstance(k, (str, int)) else _Foreign(type(k).__name__),
-                               _to_portable(v, data)) for k, v in obj.items()])
+        return _rebuild(obj, [(k, _to_portable(v)) for k, v in obj.items()])
     if isinstance(obj, (list, tuple)):
-        return _rebuild(obj, [_to_portable(v, data) for v in obj])
-    if data is None or isinstance(obj, _PLAIN):
-        return obj
-    return _Foreign(type(obj).__name__)
+        return _rebuild(obj, [_to_portable(v) for v in obj])
+    return obj
 
 
-def _from_portable(obj: Any, device: torch.device, data: List[torch.Tensor]) -> Any:
+def _from_portable(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, _OnDevice):
         return obj.tensor.to(device)
-    if isinstance(obj, _DataView):
-        return data[obj.which].as_strided(obj.size, obj.stride, obj.offset)
-    if isinstance(obj, _Foreign):
-        return type(obj.name, (), {})()  # an object of a class of the same name: refused with the same message
     if isinstance(obj, dict):
-        return _rebuild(obj, [(_from_portable(k, device, data), _from_portable(v, device, data))
-                              for k, v in obj.items()])
+        return _rebuild(obj, [(k, _from_portable(v, device)) for k, v in obj.items()])
     if isinstance(obj, (list, tuple)):
-        return _rebuild(obj, [_from_portable(v, device, data) for v in obj])
+        return _rebuild(obj, [_from_portable(v, device) for v in obj])
     return obj
 
 
@@ -160,21 +118,28 @@ class DistributedBackend(ExecutionBackend):
         self.device_group: Any = None
 
     # -- ExecutionBackend ------------------------------------------------------------------------------------
-    def start(self, build_trainer: Callable[[int], Any], client_ids: Iterable[int],
-              state_options: Optional[StateOptions] = None) -> None:
-        ids = list(client_ids)
+    def assign(self, costs: Mapping[int, float]) -> List[int]:
+        """Assigns every client to a rank (no collective: every rank computes the same assignment from the same
+        costs) and returns this rank's clients, the only ones whose data and trainers this process builds."""
+        ids = list(costs)
         if self.world_size > len(ids):
             raise ConfigError(f"workers: {self.world_size} processes for {len(ids)} clients; use at most "
                               f"{len(ids)} (each process runs at least one client)")
-        # no collective here: every rank computes the same assignment from the same (deterministic) data
-        self.assignment = assign_clients({cid: sgd_steps(build_trainer, cid) for cid in ids}, self.world_size)
+        self.assignment = assign_clients(costs, self.world_size)
         self.owner = {cid: r for r, owned in enumerate(self.assignment) for cid in owned}
+        return self.owned
+
+    def start(self, build_trainer: Callable[[int], Any], client_ids: Iterable[int],
+              state_options: Optional[StateOptions] = None) -> None:
+        ids = list(client_ids)
+        if not self.assignment:  # a caller that did not assign first: the costs from the factory's contexts
+            self.assign({cid: sgd_steps(build_trainer, cid) for cid in ids})
         opts = state_options or StateOptions()
         if opts.spill_dir is not None:  # each rank spills its own clients' states, in its own folder
             opts = StateOptions(opts.budget, Path(opts.spill_dir) / f"rank{self.rank}")
-        self._contexts = getattr(build_trainer, "contexts", None) or {}
-        if self._contexts:  # tensors from other ranks go where this rank's clients compute (its own GPU, say)
-            self.device = torch.device(next(iter(self._contexts.values())).device)
+        contexts = getattr(build_trainer, "contexts", None) or {}
+        if contexts:  # tensors from other ranks go where this rank's clients compute (its own GPU, say)
+            self.device = torch.device(next(iter(contexts.values())).device)
         self.inner = self._make_inner()
         self.inner.start(build_trainer, self.owned, opts)  # builds this rank's trainers only
 
@@ -188,38 +153,23 @@ class DistributedBackend(ExecutionBackend):
         return getattr(self.inner, "trainers", {})
 
     def execute(self, calls: Dict[int, Call], snapshot: bool = False) -> Dict[int, CallResult]:
-        if not calls:  # every rank holds the same calls, so every rank skips the exchange together
-            return {}
-        mine = {cid: call for cid, call in calls.items() if self.owner[cid] == self.rank}
-        results = self.inner.execute(mine, snapshot) if mine else {}
-        # the serial backend runs clients in id order, so the global RNG state after it is the one the last
-        # client left; its owner sends that state along and every rank continues from it (server code that draws
-        # random numbers after a send then draws the serial run's numbers)
-        last = max(calls)
-        rng = rng_state() if self.owner[last] == self.rank else None
-        sent = {cid: self._portable_result(res) for cid, res in results.items()}
-        gathered = self._all_gather((sent, rng),
-                                    f"{self.phase}: calls to clients {_span(sorted(calls))}")
-        merged: Dict[int, CallResult] = {}
-        for part, state in gathered:
-            merged.update(part)
-            if state is not None and self.owner[last] != self.rank:
-                set_rng_state(state)
-        for cid, res in merged.items():
-            self.rank_seconds[self.owner[cid]] += res.seconds
-        # this rank's own clients keep their original replies (exactly what the serial backend hands the server)
-        return {cid: results[cid] if cid in results else self._local_result(merged[cid]) for cid in sorted(merged)}
+        """Every reply, unvetted, on every rank (the core's communicator calls ``execute_vetted`` instead; a reply
+        here must be picklable)."""
+        return self.execute_vetted(calls, snapshot, lambda cid, reply: None)[0]
 
-    def execute_mean(self, calls: Dict[int, Call], snapshot: bool, fields: Sequence[str],
-                     vet: Callable[[int, Any], Optional[str]]
-                     ) -> Tuple[Dict[int, CallResult], Dict[int, Tuple[Optional[str], int]]]:
-        """``execute`` for an aggregator that needs only the ``num_samples``-weighted mean of ``fields``.
+    def execute_vetted(self, calls: Dict[int, Call], snapshot: bool, vet: Callable[[int, Any], Optional[str]],
+                       fields: Sequence[str] = ()
+                       ) -> Tuple[Dict[int, CallResult], Dict[int, Tuple[Optional[str], int]]]:
+        """Runs this rank's clients, vets their replies here and gives every rank every accepted reply.
 
-        Each rank vets its own clients' replies (``vet``: the communicator's privacy and NaN/Inf check, before any
-        value enters a sum), sums ``weight * field`` of the accepted ones as one flat float64 vector per field and
-        all-reduces it with the weights; only the rest of each reply (loss, metrics, num_samples) and the verdicts
-        go to every rank. Returns the results, each accepted reply holding one ``WeightedMean`` per field, and
-        cid -> (refusal reason or None, bytes of the whole reply)."""
+        Each rank vets its own clients' replies (``vet``: the communicator's privacy and NaN/Inf check): only the
+        owner needs the client's data for that, so a rank builds only its own clients' data. A refused reply never
+        leaves its owner; its verdict does, so every rank rejects (and rolls back) the same clients. ``fields``:
+        reply fields of which the aggregator needs only the ``num_samples``-weighted mean (the fast path): each
+        rank sums ``weight * field`` of its accepted replies as one flat float64 vector per field and the ranks
+        all-reduce it with the weights, so only the rest of each reply (loss, metrics, num_samples) travels.
+        Returns the results (accepted replies holding one ``WeightedMean`` per reduced field) and cid -> (refusal
+        reason or None, bytes of the whole reply)."""
         if not calls:
             return {}, {}
         mine = {cid: call for cid, call in calls.items() if self.owner[cid] == self.rank}
@@ -236,7 +186,9 @@ class DistributedBackend(ExecutionBackend):
             verdict, nbytes, reply, reduced = None, 0, res.reply, set()
             if res.error is None:
                 verdict = vet(cid, reply)
-                if verdict is None:
+                if verdict is not None:
+                    reply = None  # stays here: it may hold anything (raw data, objects that do not pickle)
+                else:
                     nbytes = payload_nbytes(reply)
                     present = [f for f in fields if isinstance(reply, dict) and f in reply]
                     if present:  # the averaged fields stay behind (None keeps the reply's key order)
@@ -247,7 +199,7 @@ class DistributedBackend(ExecutionBackend):
                             layout = _layout(res.reply[f])
                             if f not in firsts:
                                 firsts[f] = (cid, layout, _to_portable(
-                                    {k: res.reply[f][k] for k, _, dt in layout if not dt.is_floating_point}, None))
+                                    {k: res.reply[f][k] for k, _, dt in layout if not dt.is_floating_point}))
                             elif layout != firsts[f][1]:
                                 problem = f"its '{f}' has other keys, shapes or dtypes than client {firsts[f][0]}'s"
                         if problem is not None:
@@ -297,16 +249,11 @@ class DistributedBackend(ExecutionBackend):
         verdicts: Dict[int, Tuple[Optional[str], int]] = {}
         for cid in sorted(merged):
             res, verdict, nbytes, present = merged[cid]
-            if cid in results:  # this rank's own clients keep their own reply objects (serial backend's replies)
-                res = results[cid]
-                if present:
-                    res = CallResult(cid, {k: means[k] if k in present else v for k, v in res.reply.items()},
-                                     res.error, res.detail, res.seconds)
-            else:
-                res = self._local_result(res)
-                if present:
-                    res = CallResult(cid, {k: means[k] if k in present else v for k, v in res.reply.items()},
-                                     res.error, res.detail, res.seconds)
+            # this rank's own clients keep their own reply objects (the serial backend's replies)
+            res = results[cid] if cid in results else self._local_result(res)
+            if present:
+                res = CallResult(cid, {k: means[k] if k in present else v for k, v in res.reply.items()},
+                                 res.error, res.detail, res.seconds)
             out[cid] = res
             verdicts[cid] = (verdict, nbytes)
         return out, verdicts
@@ -321,18 +268,11 @@ class DistributedBackend(ExecutionBackend):
             return self.device, self.device_group
         return torch.device("cpu"), self.group
 
-    def _data(self, cid: int) -> List[torch.Tensor]:
-        ctx = self._contexts.get(cid)
-        if ctx is None:
-            return []
-        return [t for split in (ctx.train, ctx.test) for t in (split.x, split.y)]
-
     def _portable_result(self, res: CallResult) -> CallResult:
-        return CallResult(res.cid, _to_portable(res.reply, self._data(res.cid)), res.error, res.detail, res.seconds)
+        return CallResult(res.cid, _to_portable(res.reply), res.error, res.detail, res.seconds)
 
     def _local_result(self, res: CallResult) -> CallResult:
-        return CallResult(res.cid, _from_portable(res.reply, self.device, self._data(res.cid)), res.error,
-                          res.detail, res.seconds)
+        return CallResult(res.cid, _from_portable(res.reply, self.device), res.error, res.detail, res.seconds)
 
     def rollback(self, cid: int) -> None:
         # every rank takes the same decision on the same replies; only the owner holds the state to restore
@@ -346,14 +286,14 @@ class DistributedBackend(ExecutionBackend):
         if owner == self.rank:
             state = self.inner.get_state(cid)
             if self.rank != 0:
-                self._guard(lambda: dist.send_object_list([_to_portable(state, None)], dst=0, group=self.group),
+                self._guard(lambda: dist.send_object_list([_to_portable(state)], dst=0, group=self.group),
                             f"{self.phase}: sending client {cid}'s state to rank 0")
             return state
         if self.rank == 0:
             box: List[Any] = [None]
             self._guard(lambda: dist.recv_object_list(box, src=owner, group=self.group),
                         f"{self.phase}: receiving client {cid}'s state from rank {owner}")
-            return _from_portable(box[0], self.device, [])
+            return _from_portable(box[0], self.device)
         return None
 
     def set_state(self, cid: int, state: Dict[str, Any]) -> None:
@@ -427,7 +367,7 @@ def _unflatten(flat: torch.Tensor, layout: List[Tuple[str, Tuple[int, ...], torc
             out[k] = flat[at:at + n].reshape(shape).to(device=device, dtype=dt)
             at += n
         else:
-            out[k] = _from_portable(ints[k], device, []).to(device).clone()
+            out[k] = _from_portable(ints[k], device).to(device).clone()
     return out
 
 
