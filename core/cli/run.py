@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import click
 
-from ..config import load_file, parse_sets, resolve
+from ..config import RESUME_SAFE_KEYS, load_file, parse_sets, resolve
 from ..errors import ConfigError
 from .common import friendly_errors
 
@@ -50,8 +50,8 @@ def format_summary(result: Dict[str, Any]) -> str:
 @click.option("--set", "-s", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override one config key, e.g. --set train.lr=0.01 (repeatable).")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
-              help="Continue the interrupted run in this run directory (--set may change rounds, eval.every, "
-                   "eval.final_k, checkpoint.every, failures.on_client_error).")
+              help="Continue the interrupted run in this run directory (--set may change "
+                   f"{', '.join(RESUME_SAFE_KEYS)}).")
 @click.option("--no-progress", is_flag=True, help="Do not draw the progress bar.")
 @click.option("--workers", type=int, default=None, metavar="N",
               help="Run the clients in N local processes (torch.distributed: gloo, plus NCCL on GPUs); same "
