@@ -426,21 +426,23 @@ def test_a_killed_worker_stops_the_run_with_a_message_naming_it(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
-def test_torchrun_max_restarts_resumes_a_killed_run_to_the_serial_numbers(tmp_path):
+@pytest.mark.parametrize("named", [True, False], ids=["run_name", "default-name"])
+def test_torchrun_max_restarts_resumes_a_killed_run_to_the_serial_numbers(tmp_path, named):
     rounds = 12
     cfg = _config_file(tmp_path, "fedavg", rounds=rounds, checkpoint={"every": 1})
-    run = tmp_path / "mr"
+    out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts",
                              "1", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m",
                              "pflkit.core.cli", "run", "--no-progress", "--config", str(cfg), "--set",
-                             f"output_dir={tmp_path}", "--set", "run_name=mr"],
+                             f"output_dir={out}"] + (["--set", "run_name=mr"] if named else []),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while not (run / "checkpoint.pt").exists():
+        while not list(out.glob("*/checkpoint.pt")):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.1)
+        run = list(out.glob("*/checkpoint.pt"))[0].parent
         workers = {}
         for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -448,13 +450,14 @@ def test_torchrun_max_restarts_resumes_a_killed_run_to_the_serial_numbers(tmp_pa
             if rank:
                 workers[int(rank[0])] = int(pid)
         os.kill(workers[1], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
+        stdout, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     assert proc.returncode == 0, err
-    assert "resuming" in out  # the restarted workers continued the run
+    assert "resuming" in stdout  # the restarted workers continued the run, in its directory (a default name too)
+    assert [p.name for p in out.iterdir()] == [run.name]
     assert _records(run) == _records(_serial(tmp_path, "fedavg", "serial", rounds=rounds))
 
 

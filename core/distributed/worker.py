@@ -30,6 +30,7 @@ USER_ERROR = 2
 TIMEOUT_ENV, DEFAULT_TIMEOUT = "PFLKIT_DIST_TIMEOUT", 1800.0
 # seconds the processes may take to find each other
 RENDEZVOUS_TIMEOUT_ENV, DEFAULT_RENDEZVOUS_TIMEOUT = "PFLKIT_RENDEZVOUS_TIMEOUT", 60.0
+RUN_DIR_KEY = "/pflkit/run_dir"  # in torchrun's store: the run directory of this launch
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Endpoint:
     addr: str
     port: int
     agent_store: bool = False  # torchrun hosts the store itself: every rank connects as a client
+    shared_store: Any = None  # that store, which outlives a restart (set by init_group)
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -94,6 +96,7 @@ def init_group(ep: Endpoint) -> None:
         store = dist.TCPStore(ep.addr, ep.port, ep.world_size, is_master=ep.rank == 0 and not ep.agent_store,
                               timeout=timedelta(seconds=rdzv), wait_for_workers=True)
         if ep.agent_store:  # torchrun's store outlives a restart: each attempt keeps its keys apart (as env:// does)
+            ep.shared_store = store
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
         dist.init_process_group("gloo", store=store, rank=ep.rank, world_size=ep.world_size,
@@ -129,7 +132,7 @@ def _resolve(req: RunRequest):
     return resolve(layers, algorithm=req.plugin)
 
 
-def _build(req: RunRequest, backend: DistributedBackend, run_dir: Optional[Path]) -> Tuple[Any, bool]:
+def _build(req: RunRequest, backend: DistributedBackend, run_dir: Optional[Path], ep: Endpoint) -> Tuple[Any, bool]:
     """(the simulation, whether it continues an earlier start)."""
     from ..config import parse_sets
     from ..simulation import Simulation, default_run_dir
@@ -142,10 +145,10 @@ def _build(req: RunRequest, backend: DistributedBackend, run_dir: Optional[Path]
         return Simulation.resume(Path(req.resume_dir), overrides=parse_sets(req.sets), backend=backend,
                                  progress=progress), True
     cfg = _resolve(req)
-    named = Path(cfg.output_dir) / cfg.run_name if cfg.run_name else None
-    if restarted() and named is not None and (named / "config.json").is_file():
-        # torchrun --max-restarts started the workers again after a failure: continue the run from its checkpoint
-        return Simulation.resume(named, backend=backend, progress=progress), True
+    if restarted():  # torchrun --max-restarts started the workers again after a failure: continue the run
+        earlier = Path(cfg.output_dir) / cfg.run_name if cfg.run_name else recorded_run_dir(ep)
+        if earlier is not None and (earlier / "config.json").is_file():
+            return Simulation.resume(earlier, backend=backend, progress=progress), True
     # rank 0 names the directory (a default name holds the time); the others are given it
     return Simulation(cfg, run_dir=run_dir or default_run_dir(cfg), backend=backend, progress=progress), False
 
@@ -166,6 +169,19 @@ def _join_device_group(backend: DistributedBackend, sim: Any) -> None:
     if kind == "nccl":
         group = backend._guard(lambda: dist.new_group(backend="nccl"), "start-up: creating the NCCL group")
         backend.use_device_group(group)
+
+
+def recorded_run_dir(ep: Endpoint) -> Optional[Path]:
+    """The run directory an earlier attempt of this torchrun launch recorded in torchrun's store (a default run
+    name holds the start time, so a restarted attempt would otherwise start a new run), or None."""
+    if ep.shared_store is None:
+        return None
+    try:
+        if ep.shared_store.check([RUN_DIR_KEY]):
+            return Path(ep.shared_store.get(RUN_DIR_KEY).decode())
+    except (RuntimeError, OSError, ValueError):
+        pass
+    return None
 
 
 def restarted() -> bool:
@@ -261,14 +277,14 @@ def _run(req: RunRequest, ep: Endpoint, backend: DistributedBackend) -> int:
     sim, error, resumed = None, None, False
     if ep.rank == 0:
         try:
-            sim, resumed = _build(req, backend, None)
+            sim, resumed = _build(req, backend, None, ep)
         except PflError as exc:
             error = str(exc)
     try:
         run_dir = _exchange(backend, "start-up (rank 0)", error, str(sim.run_dir) if sim else None)[0]
         if ep.rank != 0:
             try:
-                sim, resumed = _build(req, backend, Path(run_dir))
+                sim, resumed = _build(req, backend, Path(run_dir), ep)
             except PflError as exc:
                 error = str(exc)
         _exchange(backend, "start-up (other ranks)", error)
@@ -278,6 +294,8 @@ def _run(req: RunRequest, ep: Endpoint, backend: DistributedBackend) -> int:
             sim.abandon()  # rank 0 removes the directory it created when nothing was saved
         raise
     _write_status(req, backend, sim.run_dir)
+    if ep.rank == 0 and ep.shared_store is not None:  # for a restarted attempt (recorded_run_dir)
+        ep.shared_store.set(RUN_DIR_KEY, str(sim.run_dir))
     if ep.rank == 0:
         word = "resuming" if resumed else "run directory:"
         click.echo(f"{word} {sim.run_dir}" + (f" after round {sim.completed_round}" if resumed else "")
