@@ -13,7 +13,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -35,19 +35,41 @@ def client_accuracies(run_dir: Path) -> Dict[str, float]:
         sim.logger.close()
 
 
+def finished_runs(out_dir: Path) -> Dict[str, List[Tuple[int, Path]]]:
+    """Label -> [(seed, run directory)] of the finished runs under ``OUT_DIR/runs`` (``<label>-seed<k>``). Read from
+    the folders, not from results.json: a later ``fl compare`` into the same folder rewrites that file with its
+    own rows only."""
+    found: Dict[str, List[Tuple[int, Path]]] = {}
+    for run_dir in sorted((out_dir / "runs").iterdir()):
+        label, _, seed = run_dir.name.rpartition("-seed")
+        summary = run_dir / "summary.json"
+        if not label or not seed.isdigit() or not summary.is_file():
+            continue
+        done = json.loads(summary.read_text())
+        if done.get("interrupted") or done.get("rounds_completed") != done.get("rounds"):
+            continue
+        found.setdefault(label, []).append((int(seed), run_dir))
+    return {label: sorted(runs) for label, runs in found.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--plugins", "-p", default=None, help="labels to include, in order (default: results.json's)")
+    ap.add_argument("--plugins", "-p", default=None, help="labels to include, in order (default: every label found)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
-    results = json.loads((args.out_dir / "results.json").read_text())
-    labels: List[str] = args.plugins.split(",") if args.plugins else results["algorithms"]
-    rows, columns = [], None
+    found = finished_runs(args.out_dir) if (args.out_dir / "runs").is_dir() else {}
+    labels: List[str] = args.plugins.split(",") if args.plugins else sorted(found)
+    missing = [label for label in labels if label not in found]
+    if not labels or missing:
+        raise SystemExit(f"no finished runs of {', '.join(missing) or 'any label'} under {args.out_dir / 'runs'}; "
+                         f"found: {', '.join(sorted(found)) or 'none'}")
+    rows, columns, seeds, rounds = [], None, set(), set()
     for label in labels:
-        runs = results["results"][label]["runs"]
-        per_seed = [client_accuracies(Path(r["run_dir"])) for r in runs]
+        per_seed = [client_accuracies(run_dir) for _, run_dir in found[label]]
+        seeds.update(seed for seed, _ in found[label])
+        rounds.update(json.loads((d / "summary.json").read_text())["rounds"] for _, d in found[label])
         columns = columns or list(per_seed[0])
         acc = np.array([[s[c] for c in columns] for s in per_seed]) * 100  # [seeds, clients]
         avg = acc.mean(axis=1)
@@ -56,8 +78,8 @@ def main() -> None:
     print("| method | " + " | ".join(columns) + " | avg |")
     print("|---|" + "---|" * (len(columns) + 1))
     print("\n".join(rows))
-    print(f"\nTest accuracy (%) of every client's personal model after round {results['rounds']}, mean (population "
-          f"std) over seeds {', '.join(map(str, results['seeds']))}.")
+    print(f"\nTest accuracy (%) of every client's personal model after round {', '.join(map(str, sorted(rounds)))}, "
+          f"mean (population std) over seeds {', '.join(map(str, sorted(seeds)))}.")
 
 
 if __name__ == "__main__":
