@@ -40,7 +40,9 @@ def records(run_dir):
 CONVERTED = [("fedavg", ()), ("fedavg", ("trainer.bn_stats=local", "model.name=resnet8")), ("fedprox", ()),
              ("fedper", ()), ("fedrep", ("trainer.head_epochs=2",)), ("fedbn", ()), ("ditto", ()), ("local", ()),
              ("fedsa", ()), ("fedcac", ()), ("fedcp", ()),
-             ("fedcp", ("trainer.use_client_vector=false", "trainer.use_sample_vector=false"))]  # per-client input
+             ("fedcp", ("trainer.use_client_vector=false", "trainer.use_sample_vector=false")),  # per-client input
+             ("fedrod", ()), ("fedrod", ("trainer.personal_init=generic",)), ("fedproto", ()),
+             ("fedproto", ("trainer.prototypes_from=last_epoch",))]
 
 
 @pytest.mark.parametrize("algorithm, sets", CONVERTED)

@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 from pflkit.core import ClientContext, ClientTrainer, ConfigError, Param, PflError, make_optimizer, minibatches, run_sgd
+from pflkit.core.client import host_copy
 from pflkit.core.params import non_negative
+from pflkit.core.state import load_into
 
 from .equations import DISTANCES, dense_prototypes, local_prototypes, prototype_loss, prototype_scores
 
@@ -29,6 +31,7 @@ class FedProtoTrainer(ClientTrainer):
     """
 
     protocol = PROTOCOL
+    declares_state = True  # runs pooled: one working trainer; each client's model is its declared state
     description = "trains its own model with CE + lambda * ||f(x) - global prototype of y||^2; uploads prototypes"
     params = {
         "lambda_proto": Param(1.0, "weight lambda of the prototype regulariser L_R in CE + lambda * L_R (the "
@@ -162,6 +165,13 @@ class FedProtoTrainer(ClientTrainer):
         if classes.numel() == 0:
             return None
         return protos, defined > 0
+
+    def client_state(self) -> Dict[str, Any]:
+        # the whole model (no weight is ever received); last_losses is set and read within one 'fit'
+        return {"model": host_copy(self.model.state_dict())}
+
+    def load_client_state(self, state: Dict[str, Any]) -> None:
+        load_into(self.model, state["model"])
 
     def state_dict(self) -> Dict[str, Any]:
         return {"model": self.model.state_dict()}

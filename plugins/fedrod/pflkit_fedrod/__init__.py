@@ -27,7 +27,9 @@ import torch
 from torch import nn
 
 from pflkit.core import Algorithm, ClientContext, ConfigError, LocalSGDTrainer, Param, make_optimizer, run_sgd
+from pflkit.core.client import host_copy
 from pflkit.core.params import non_negative, positive
+from pflkit.core.state import load_into
 
 from .equations import balanced_softmax_loss, class_counts, personalized_logits, personalized_loss
 
@@ -61,6 +63,7 @@ class FedRoDTrainer(LocalSGDTrainer):
     Persistent client state: the model (its shared part is overwritten by every download) and the personal head.
     """
 
+    declares_state = True  # runs pooled: one working trainer, each client's personal head kept as its state
     description = ("body + generic head trained with Balanced Softmax and averaged; a local personal head adds "
                    "its scores to the generic ones")
     params = {
@@ -140,6 +143,15 @@ class FedRoDTrainer(LocalSGDTrainer):
         return self.evaluate_model(self.personal_forward(), modules=(self.model, self.personal_head))
 
     # state ------------------------------------------------------------------------------------------------------
+    def client_state(self) -> Dict[str, Any]:
+        # the model's unshared keys (none unless BN statistics stay local) and phi_m; last_losses is set and read
+        # within one 'fit'
+        return {**super().client_state(), "personal_head": host_copy(self.personal_head.state_dict())}
+
+    def load_client_state(self, state: Dict[str, Any]) -> None:
+        super().load_client_state(state)
+        load_into(self.personal_head, state["personal_head"])
+
     def state_dict(self) -> Dict[str, Any]:
         return {"model": self.model.state_dict(), "personal_head": self.personal_head.state_dict()}
 
