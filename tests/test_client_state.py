@@ -42,12 +42,16 @@ CONVERTED = [("fedavg", ()), ("fedavg", ("trainer.bn_stats=local", "model.name=r
              ("fedsa", ()), ("fedcac", ()), ("fedcp", ()),
              ("fedcp", ("trainer.use_client_vector=false", "trainer.use_sample_vector=false")),  # per-client input
              ("fedrod", ()), ("fedrod", ("trainer.personal_init=generic",)), ("fedproto", ()),
-             ("fedproto", ("trainer.prototypes_from=last_epoch",))]
+             ("fedproto", ("trainer.prototypes_from=last_epoch",)), ("fedc2i", ()),
+             ("fedc2i", ("trainer.class_level=client", "trainer.client_level=local"))]
 
 
 @pytest.mark.parametrize("algorithm, sets", CONVERTED)
 def test_pooled_run_equals_one_trainer_per_client(tmp_path, algorithm, sets):
     over = {"model": {"name": "fedbn_cnn", "channels": [4], "hidden": [8]}} if algorithm == "fedbn" else None
+    if algorithm == "fedc2i":  # its tiny setting, as in its own tests: four feature-shift domains, one per client
+        over = {"dataset": {"domains": ["original", "thick", "inverted", "rotated"]},
+                "partition": {"num_clients": 4}, "aggregator": {"plot_every": 0}}
     if "model.name=resnet8" in sets:  # BN statistics stay on the clients: their declared state
         over, sets = {"model": {"name": "resnet8", "width": 4}}, sets[:1]
     pooled, a = run(tmp_path, "pooled", algorithm, over, sets)

@@ -21,6 +21,7 @@ from torch import nn
 from torch.func import functional_call
 
 from pflkit.core import ClientContext, ClientTrainer, ConfigError, Param, PflError, make_optimizer, run_sgd
+from pflkit.core.client import host_copy
 from pflkit.core.params import non_negative, positive
 from pflkit.core.state import load_into
 
@@ -56,6 +57,7 @@ class FedC2ITrainer(ClientTrainer):
     """
 
     protocol = PROTOCOL
+    declares_state = True  # runs pooled: one working trainer; each client's model is its declared state
     description = "aggregates its own model from all uploads with leave-one-out influence (Eq. 4-10), then trains"
     params = {
         "gamma": Param(5.0, "influence sensitivity gamma of Eq. 5 and 9 (paper default 5, grid 0.5..10); "
@@ -114,6 +116,13 @@ class FedC2ITrainer(ClientTrainer):
 
     def on_evaluate(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         return self.evaluate_model(self.model)
+
+    def client_state(self) -> Dict[str, Any]:
+        # the whole model: a client's own model is where every relayed upload is mixed in (``last`` is inspection)
+        return {"model": host_copy(self.model.state_dict())}
+
+    def load_client_state(self, state: Dict[str, Any]) -> None:
+        load_into(self.model, state["model"])
 
     def state_dict(self) -> Dict[str, Any]:
         return {"model": self.model.state_dict()}
