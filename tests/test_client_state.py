@@ -13,7 +13,7 @@ from pflkit.core import LocalSGDTrainer, Simulation
 from pflkit.core.backend import SerialBackend
 from pflkit.core.checkpoint import CHECKPOINT_NAME, MAGIC, load_checkpoint, open_checkpoint, to_safe
 from pflkit.core.client import can_pool, state_declared
-from pflkit.core.clientstate import ClientStateStore, parse_size
+from pflkit.core.clientstate import ClientStateStore, parse_size, same_state
 from pflkit.core.errors import ConfigError
 from pflkit.core.server import GlobalModelAggregator, ServerAggregator
 from pflkit.core.testing import tiny_config
@@ -43,12 +43,24 @@ CONVERTED = [("fedavg", ()), ("fedavg", ("trainer.bn_stats=local", "model.name=r
              ("fedcp", ("trainer.use_client_vector=false", "trainer.use_sample_vector=false")),  # per-client input
              ("fedrod", ()), ("fedrod", ("trainer.personal_init=generic",)), ("fedproto", ()),
              ("fedproto", ("trainer.prototypes_from=last_epoch",)), ("fedc2i", ()),
-             ("fedc2i", ("trainer.class_level=client", "trainer.client_level=local"))]
+             ("fedc2i", ("trainer.class_level=client", "trainer.client_level=local")),
+             ("pcfl", ()), ("pcfl", ("trainer.alpha_mode=gradient",))]  # PCFL(Local): set-up, overlaps, deferral
+
+
+PCFL_TINY = {"seed": 0, "dataset": {"name": "pcfl_sine", "num_clients": 6, "samples_per_client": 40},
+             "partition": {"name": "by_group", "num_clients": 6}, "model": {"name": "mlp", "hidden": [8, 8]},
+             "participation": {"join_ratio": 0.5}, "train": {"batch_size": 10, "local_epochs": 1, "lr": 0.05},
+             "trainer": {"clusters": 2},
+             "aggregator": {"flow_epochs": 4, "setup_block": 2, "flow_hidden": 8, "flow_transforms": 2,
+                            "flow_inner_transforms": 2, "flow_join_ratio": 0.5, "flow_batch_size": 20,
+                            "flow_lr": 0.01}}
 
 
 @pytest.mark.parametrize("algorithm, sets", CONVERTED)
 def test_pooled_run_equals_one_trainer_per_client(tmp_path, algorithm, sets):
     over = {"model": {"name": "fedbn_cnn", "channels": [4], "hidden": [8]}} if algorithm == "fedbn" else None
+    if algorithm == "pcfl":  # its tiny sine setting, as in its own tests
+        over = PCFL_TINY
     if algorithm == "fedc2i":  # its tiny setting, as in its own tests: four feature-shift domains, one per client
         over = {"dataset": {"domains": ["original", "thick", "inverted", "rotated"]},
                 "partition": {"num_clients": 4}, "aggregator": {"plot_every": 0}}
@@ -61,16 +73,10 @@ def test_pooled_run_equals_one_trainer_per_client(tmp_path, algorithm, sets):
     assert a["final"] == b["final"]
     for k, v in pooled.server.state_dict().get("global_state", {}).items():
         assert torch.equal(v, legacy.server.state_dict()["global_state"][k])
-    for cid in pooled.client_ids:  # every client's persistent part, as its own trainer holds it
+    for cid in pooled.client_ids:  # every client's persistent part, as its own trainer holds it, bit for bit
         want = legacy.backend.trainers[cid].state_dict()
         got = pooled.backend.trainers[cid].state_dict()
-        for part in want:
-            if not isinstance(want[part], dict):  # a tensor, number or None kept beside the modules (FedCP's v_i)
-                same = torch.equal(got[part], want[part]) if torch.is_tensor(want[part]) else got[part] == want[part]
-                assert same, (cid, part)
-                continue
-            for k, v in want[part].items():
-                assert torch.equal(got[part][k], v), (cid, part, k)
+        assert sorted(got) == sorted(want) and all(same_state(got[part], want[part]) for part in want), cid
 
 
 def test_stateless_clients_keep_nothing_and_stateful_ones_only_their_declared_part(tmp_path):

@@ -39,6 +39,7 @@ from torch import nn
 
 from pflkit.core import ClientTrainer, ConfigError, LocalSGDTrainer, Message, Param, PflError, make_optimizer, \
     run_sgd
+from pflkit.core.client import state_declared
 from pflkit.core.params import non_negative, positive
 from pflkit.core.seeding import derive_seed
 
@@ -413,17 +414,33 @@ class PcflClientMixin:
         return truth_counts(self.ctx.cid, x, self.overlaps, payload)
 
     # -- persistent state ----------------------------------------------------------------------------------
+    def _pcfl_state(self, device: Optional[str] = None) -> Dict[str, Any]:
+        """PCFL's own per-client part: D^{i,k} indices, the synthetic set, and the base reply deferred between
+        ``pcfl_fit`` and ``pcfl_apply``; tensors copied (to ``device`` when given)."""
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().to(device, copy=True) if device is not None else t.detach().clone()
+
+        return {"overlaps": {int(i): copy(v) for i, v in self.overlaps.items()},
+                "syn_x": copy(self.syn_x), "syn_y": copy(self.syn_y), "pending": dict(self._pending)}
+
+    def _load_pcfl_state(self, own: Dict[str, Any]) -> None:
+        self.overlaps = {int(i): v.clone() for i, v in own["overlaps"].items()}
+        self.syn_x, self.syn_y = (own[k].detach().to(self.ctx.device, copy=True) for k in ("syn_x", "syn_y"))
+        self._pending = dict(own["pending"])
+
+    def client_state(self) -> Dict[str, Any]:
+        return {"base": super().client_state(), "pcfl": self._pcfl_state(device="cpu")}
+
+    def load_client_state(self, state: Dict[str, Any]) -> None:
+        super().load_client_state(state["base"])
+        self._load_pcfl_state(state["pcfl"])
+
     def state_dict(self) -> Dict[str, Any]:
-        return {"base": super().state_dict(),
-                "pcfl": {"overlaps": {int(i): v.clone() for i, v in self.overlaps.items()},
-                         "syn_x": self.syn_x.clone(), "syn_y": self.syn_y.clone(), "pending": dict(self._pending)}}
+        return {"base": super().state_dict(), "pcfl": self._pcfl_state()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         super().load_state_dict(state["base"])
-        own = state["pcfl"]
-        self.overlaps = {int(i): v.clone() for i, v in own["overlaps"].items()}
-        self.syn_x, self.syn_y = own["syn_x"].clone(), own["syn_y"].clone()
-        self._pending = dict(own["pending"])
+        self._load_pcfl_state(state["pcfl"])
 
 
 class PcflTrainer(ClientTrainer):
@@ -454,6 +471,10 @@ class PcflTrainer(ClientTrainer):
     def wrap(cls, base: type) -> type:
         """``PCFL[Base]``: the mixin before ``base``; params = the base's, then PCFL's."""
         return type(f"PCFL[{base.__name__}]", (PcflClientMixin, base), {
+            # pooled when the base is, unless the base relies on the server re-sending its shared part: its
+            # deferred upload is computed in 'pcfl_fit' and sent in a later 'pcfl_apply', so that part would
+            # have to be declared too
+            "declares_state": state_declared(base) and not getattr(base, "needs_shared_delivery", False),
             "protocol": PROTOCOL_PREFIX + str(base.protocol),
             "params": {**dict(getattr(base, "params", {}) or {}), **TRAINER_PARAMS},
             "description": cls.description,
