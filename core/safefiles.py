@@ -1,0 +1,187 @@
+"""A run directory's files are pflkit's own: they are never reached through a link planted there.
+
+Run directories are shared between people, so anything in one may have been replaced: a symbolic link where
+``metrics.jsonl`` was would make an append land in the link's target, a FIFO would hang a reader, a link to
+``/dev/zero`` would fill memory. Every file pflkit writes, appends to or reads back in a run directory goes
+through these primitives (the single source of truth for that):
+
+- ``open_append`` / ``open_rw``: ``O_NOFOLLOW`` (a link as the last path component fails), ``O_NONBLOCK`` while
+  opening (a FIFO without a reader fails instead of hanging), then ``fstat``: only a regular file is accepted;
+- ``write_atomic``: rewrite through a fresh temporary file in the same directory (``O_EXCL``: never an existing
+  entry) and ``os.replace``, after refusing a link or special file at the target;
+- ``ensure_dir``: create a directory, or accept an existing one only when it is a real directory (not a link);
+- ``check_run_dir``: refuse a run directory in which one of pflkit's own names is a link or not what pflkit
+  writes there (checked before a start reusing it or a resume writes anything);
+- ``read_regular``: bounded read of a regular file (no links, FIFOs or devices; a size limit).
+
+Refusals are ``RunFileError`` (a ``CheckpointError``: the CLI prints one line, exit status 2) naming the file.
+Only the last path component is protected against links (the run directory itself is the user's choice, and
+its sub-directories are checked with ``lstat`` when pflkit creates or reuses them).
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import IO, Iterable, Optional, Union
+
+from .errors import CheckpointError
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_FIX = "remove it (pflkit writes only its own regular files there) and try again"
+
+
+class RunFileError(CheckpointError):
+    """A file or folder of a run directory is a link, a FIFO, a device or too large: refused, never followed."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def refused(path: Union[str, Path], what: str) -> RunFileError:
+    return RunFileError(f"{path} is {what}, not a file pflkit wrote; refused: {_FIX}")
+
+
+def _open(path: Path, flags: int, mode: int = 0o644) -> int:
+    """fd of ``path`` opened without following a link; only a regular file is accepted."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK | _CLOEXEC, mode)
+    except OSError as exc:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise refused(path, _kind(st.st_mode)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refused(path, _kind(st.st_mode))
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_rw(path: Union[str, Path], mode: int = 0o644) -> int:
+    """Raw fd for reading and writing ``path`` (created when missing), never through a link."""
+    return _open(Path(path), os.O_RDWR | os.O_CREAT, mode)
+
+
+def open_append(path: Union[str, Path], encoding: str = "utf-8") -> IO[str]:
+    """Text file appending to ``path`` (created when missing), never through a link."""
+    fd = _open(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a", encoding=encoding)
+
+
+def open_read(path: Union[str, Path]) -> IO[bytes]:
+    """Binary file reading ``path``, which must be a regular file (never a link, FIFO or device)."""
+    return os.fdopen(_open(Path(path), os.O_RDONLY), "rb")
+
+
+def check_entry(path: Union[str, Path], directory: bool = False) -> bool:
+    """Whether ``path`` exists as pflkit's own entry (a regular file, or a real directory with ``directory``);
+    a link or anything else there is refused. False when nothing is there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise RunFileError(f"cannot inspect {path}: {exc.strerror or exc}") from None
+    ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if not ok:
+        raise refused(path, _kind(st.st_mode))
+    return True
+
+
+def write_atomic(path: Union[str, Path], data: Union[bytes, str]) -> None:
+    """Replace ``path`` with ``data`` via a new temporary file and a rename (a kill leaves the old or the new
+    file, never half a file); a link or special file at ``path`` is refused, never written through."""
+    path = Path(path)
+    check_entry(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def ensure_dir(path: Union[str, Path]) -> Path:
+    """Create the directory ``path`` (its parent must exist) or accept it when it is a real directory."""
+    path = Path(path)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        check_entry(path, directory=True)
+    return path
+
+
+def check_tree(path: Union[str, Path]) -> None:
+    """``path`` (if present) is a real directory whose entries are regular files or real directories, checked
+    recursively: a folder pflkit writes into (``tb/``, ``client_state/``) holds nothing planted."""
+    if not check_entry(path, directory=True):
+        return
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            check_tree(entry.path)
+        else:
+            check_entry(entry.path)
+
+
+def check_run_dir(run_dir: Union[str, Path], files: Iterable[str], dirs: Iterable[str] = ()) -> None:
+    """Refuse ``run_dir`` when one of pflkit's own ``files`` there is not a regular file, or one of its ``dirs``
+    is not a real directory of regular files (a link, FIFO or device planted by someone else)."""
+    run_dir = Path(run_dir)
+    for name in files:
+        check_entry(run_dir / name)
+    for name in dirs:
+        check_tree(run_dir / name)
+
+
+def read_regular(path: Union[str, Path], limit: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them (a larger file is a RunFileError); links,
+    FIFOs and devices are refused without blocking."""
+    with open_read(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise RunFileError(f"{path} holds {size} bytes, more than the {limit} pflkit reads from such a file; "
+                               f"refused")
+        data = f.read(limit + 1)
+    if len(data) > limit:  # grew while being read
+        raise RunFileError(f"{path} holds more than the {limit} bytes pflkit reads from such a file; refused")
+    return data
+
+
+def unlink_entry(path: Union[str, Path]) -> None:
+    """Remove ``path`` when present (a link is removed itself, never its target)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
