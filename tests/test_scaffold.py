@@ -4,6 +4,9 @@ import configparser
 import importlib
 import inspect
 import json
+import os
+import shlex
+import subprocess
 import sys
 
 import pytest
@@ -15,7 +18,7 @@ from pflkit.core.cli.main import cli
 TINY = ["--set", "rounds=1", "--set", "partition.num_clients=4", "--set", "checkpoint.every=0", "--no-progress"]
 USE = {  # how `fl run` picks the generated component
     "algorithm": ["--plugin", "{name}", "--set", "model.name=mlp", "--set", "model.hidden=[16]"],
-    "dataset": ["--plugin", "fedavg", "--set", "dataset.name={name}", "--set", "model.name=mlp"],
+    "dataset": ["--plugin", "fedavg", "--set", "dataset.name={name}"],  # the default model (cnn4) fits it
     "partitioner": ["--plugin", "fedavg", "--set", "partition.name={name}", "--set", "model.name=mlp"],
     "model": ["--plugin", "fedavg", "--set", "model.name={name}", "--set", "model.width=16"],
 }
@@ -110,3 +113,32 @@ def test_existing_folder_is_refused(tmp_path):
     (tmp_path / "taken_dir").mkdir()
     res = fl("new-plugin", "taken_dir", "--kind", "dataset", "--dir", str(tmp_path))
     assert res.exit_code == 2 and "already exists" in res.output
+
+
+def test_dataset_scaffold_installs_and_runs_with_the_command_it_prints(tmp_path):
+    """`fl new-plugin x --kind dataset`, pip install the package, then the exact `fl run` line it printed (the
+    default run: 30 rounds, 20 clients, cnn4) succeeds. Installed into a folder under tmp_path put on PYTHONPATH,
+    so the environment is left untouched and the install goes with tmp_path."""
+    res = fl("new-plugin", "scaffold_ds", "--kind", "dataset", "--dir", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    lines = [ln.strip() for ln in res.output.splitlines()]
+    install = [shlex.split(ln) for ln in lines if ln.startswith("pip install")]
+    printed = [shlex.split(ln) for ln in lines if ln.startswith("fl run")]
+    assert len(install) == 1 and len(printed) == 1, res.output
+    package = install[0][-1]
+    assert package == str(tmp_path / "scaffold_ds")
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--target", str(site), package], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "pflkit.core.cli", *printed[0][1:], "--no-progress"], cwd=tmp_path,
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    assert summary["dataset"] == "scaffold_ds" and config["model"]["name"] == "cnn4"
+    assert summary["rounds_completed"] == config["rounds"] == 30
+    assert summary["final"]["uniform"] > 0.5  # it learns (4 classes: chance is 0.25)

@@ -109,8 +109,11 @@ DATASET_INIT = '''"""{name}: a pflkit dataset plugin.
 
 ``load_{name}`` returns the pooled samples of one task as a DatasetBundle (inputs, targets, task, input shape);
 the core partitions them among clients and splits each client's share into train and test. This skeleton
-generates a seeded synthetic classification task (one Gaussian cluster per class), so it runs offline: replace
-the generation with reading your files from ``root``. Run it with:  fl run --plugin fedavg --set dataset.name={name}
+generates a seeded synthetic image classification task (one noisy prototype image per class), so it runs offline
+with the default model (cnn4, which takes channels x height x width images): replace the generation with reading
+your files from ``root``. Run it with:  fl run --plugin fedavg --set dataset.name={name}
+If your samples are feature vectors rather than images, return ``input_shape=(num_features,)`` and run with
+``--set model.name=mlp`` (cnn4 needs images).
 """
 from typing import Optional
 
@@ -120,26 +123,34 @@ import torch
 from pflkit.core import DataError, DatasetBundle, Param, classification
 
 
-def load_{name}(root: Optional[str] = None, download: bool = True, num_samples: int = 600, num_features: int = 16,
-                num_classes: int = 4, seed: int = 0) -> DatasetBundle:
+def load_{name}(root: Optional[str] = None, download: bool = True, num_samples: int = 1000, image_size: int = 8,
+                channels: int = 1, num_classes: int = 4, noise: float = 2.0, seed: int = 0) -> DatasetBundle:
     """{name}: describe your dataset here (what the samples are, how many, where they come from)."""
     if num_samples < 2 * num_classes:
         raise DataError(f"dataset.num_samples = {{num_samples}} is too small for {{num_classes}} classes")
     rng = np.random.default_rng(seed)  # the data depend on dataset.seed only, never on the run seed
-    centers = rng.normal(0.0, 2.0, size=(num_classes, num_features))
+    shape = (channels, image_size, image_size)
+    prototypes = rng.normal(0.0, 1.0, size=(num_classes, *shape))
     y = rng.integers(0, num_classes, size=num_samples)
-    x = centers[y] + rng.normal(0.0, 1.0, size=(num_samples, num_features))
+    x = prototypes[y] + rng.normal(0.0, noise, size=(num_samples, *shape))
     return DatasetBundle(x=torch.tensor(x, dtype=torch.float32), y=torch.tensor(y, dtype=torch.long),
-                         task=classification(num_classes), input_shape=(num_features,),
+                         task=classification(num_classes), input_shape=shape,
                          class_names=[f"class{{k}}" for k in range(num_classes)],
-                         meta={{"source": "synthetic Gaussian clusters", "seed": seed}})
+                         meta={{"source": "synthetic prototype images plus Gaussian noise", "seed": seed}})
+
+
+def _positive(v):
+    return None if v > 0 else "must be > 0"
 
 
 # every option is declared, so `fl show {name}` documents it and a typo in --set is an error
 load_{name}.params = {{
-    "num_samples": Param(600, "samples generated", check=lambda v: None if v > 0 else "must be > 0"),
-    "num_features": Param(16, "input features per sample", check=lambda v: None if v > 0 else "must be > 0"),
+    "num_samples": Param(1000, "samples generated", check=_positive),
+    "image_size": Param(8, "height and width of each image in pixels", check=_positive),
+    "channels": Param(1, "channels of each image", check=_positive),
     "num_classes": Param(4, "classes", check=lambda v: None if v >= 2 else "must be >= 2"),
+    "noise": Param(2.0, "standard deviation of the per-pixel noise around each class prototype",
+                   check=lambda v: None if v >= 0 else "must be >= 0"),
     "seed": Param(0, "generation seed"),
 }}
 '''
@@ -153,11 +164,12 @@ from {pkg} import load_{name}
 def test_{name}_is_deterministic_and_well_formed():
     a, b = load_{name}(seed=1), load_{name}(seed=1)
     assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
-    assert a.x.shape == (600, 16) and set(a.y.tolist()) == set(range(4))
+    assert a.x.shape == (1000, 1, 8, 8) and a.input_shape == (1, 8, 8) and set(a.y.tolist()) == set(range(4))
 
 
-def test_{name}_runs_end_to_end(tmp_path):
-    result = quick_run("fedavg", tmp_path, {{"dataset": {{"name": "{name}"}}}})
+def test_{name}_runs_end_to_end_with_the_default_model(tmp_path):
+    # the default model (cnn4), as `fl run --plugin fedavg --set dataset.name={name}` uses it
+    result = quick_run("fedavg", tmp_path, {{"dataset": {{"name": "{name}"}}, "model": {{"name": "cnn4"}}}})
     assert result["rounds_completed"] == 2 and result["dataset"] == "{name}"
     assert 0.0 <= result["final"]["uniform"] <= 1.0
 '''
