@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .backend import Call, ExecutionBackend
 from .errors import PflError
@@ -38,12 +38,13 @@ class Communicator:
 
     def __init__(self, backend: ExecutionBackend, client_ids: Sequence[int], seed: int,
                  guard: PrivacyGuard, on_client_error: str = "skip", rollback: bool = True,
-                 mean_fields: Sequence[str] = ()):
+                 mean_fields: Sequence[str] = (), reply_weight: Optional[Callable[[Dict[str, Any]], float]] = None):
         self.backend = backend
         # a backend that runs clients elsewhere vets each reply where its client's data is (``execute_vetted``), and
         # may average reply fields there too (``mean_fields``: the distributed fast path)
         self._owner_vets = callable(getattr(backend, "execute_vetted", None))
         self.mean_fields = tuple(mean_fields) if self._owner_vets else ()
+        self.reply_weight = reply_weight  # the aggregator's weight of one reply in those means (None: num_samples)
         self.client_ids = list(client_ids)
         self.seed = seed
         self.on_client_error = on_client_error
@@ -80,7 +81,8 @@ class Communicator:
         snapshot = accounted and self.rollback_enabled
         vetted: Optional[Dict[int, Tuple[Optional[str], int]]] = None
         if self._owner_vets:  # each owner vets its clients' replies (before their fields enter any sum)
-            results, vetted = self.backend.execute_vetted(calls, snapshot, self.vet, self.mean_fields)
+            results, vetted = self.backend.execute_vetted(calls, snapshot, self.vet, self.mean_fields,
+                                                          weight_of=self.reply_weight)
         else:
             results = self.backend.execute(calls, snapshot=snapshot)
         replies: Dict[int, Dict[str, Any]] = {}

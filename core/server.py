@@ -55,11 +55,18 @@ class ServerAggregator:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
 
-    # reply fields of which this strategy only needs the sample-weighted mean (weights: each reply's
-    # ``num_samples``) over the replying clients. With ``distributed.exact: false`` a distributed run then sums
-    # them per rank and all-reduces the sums, and every accepted reply holds one ``state.WeightedMean`` in that
-    # field; otherwise the replies are unchanged. Read from the class that declares it only (``reduced_fields``).
+    # reply fields of which this strategy only needs the weighted mean (weights: ``reply_weight`` of each reply,
+    # ``num_samples`` unless overridden) over the replying clients. With ``distributed.exact: false`` a
+    # distributed run then sums them per rank and all-reduces the sums, and every accepted reply holds one
+    # ``state.WeightedMean`` in that field; otherwise the replies are unchanged. Read from the class that declares
+    # it only (``reduced_fields``).
     mean_fields: Tuple[str, ...] = ()
+
+    def reply_weight(self, reply: Dict[str, Any]) -> float:
+        """The weight of one accepted reply in this strategy's means (``mean_fields`` and ``combine``): its
+        ``num_samples`` by default. A distributed run weighs each reply with this same method on the rank that
+        owns the client, so an override (e.g. FedAvg's ``weighting: uniform``: 1 per reply) holds on every path."""
+        return float(reply["num_samples"])
 
     @classmethod
     def reduced_fields(cls) -> Tuple[str, ...]:
@@ -133,7 +140,7 @@ class GlobalModelAggregator(ServerAggregator):
         if isinstance(states[0], WeightedMean):  # already averaged across ranks (mean_fields, distributed fast path)
             self.global_state.update(states[0].state)
             return None
-        weights = [float(replies[c]["num_samples"]) for c in cids]
+        weights = [self.reply_weight(replies[c]) for c in cids]
         combined = self.combine(states, weights, cids)
         self.global_state.update(combined)
         return None

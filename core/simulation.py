@@ -318,7 +318,8 @@ class Simulation:
         exact = bool(cfg.get("distributed", {}).get("exact", True))
         self.comm = Communicator(self.backend, self.client_ids, cfg.seed, self.guard,
                                  cfg.failures.on_client_error, cfg.failures.rollback,
-                                 mean_fields=() if exact else getattr(self.aggregator_cls, "reduced_fields", tuple)())
+                                 mean_fields=() if exact else getattr(self.aggregator_cls, "reduced_fields", tuple)(),
+                                 reply_weight=getattr(self.server, "reply_weight", None))
         self.channel = self.comm.channel()  # all the server strategy gets: it can send, nothing more
         self.history = History(self.task.metric_name, self.task.higher_is_better)
         self.completed_round = 0

@@ -469,9 +469,9 @@ def _fast_worker(rank: int, world: int, port: int, jobs: List[dict], count_dir: 
     calls = [0]
     original = DistributedBackend.execute_vetted
 
-    def counting(self, calls_, snapshot, vet, fields=()):
+    def counting(self, calls_, snapshot, vet, fields=(), **kw):
         calls[0] += bool(fields)
-        return original(self, calls_, snapshot, vet, fields)
+        return original(self, calls_, snapshot, vet, fields, **kw)
 
     DistributedBackend.execute_vetted = counting
     try:

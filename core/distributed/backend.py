@@ -158,7 +158,7 @@ class DistributedBackend(ExecutionBackend):
         return self.execute_vetted(calls, snapshot, lambda cid, reply: None)[0]
 
     def execute_vetted(self, calls: Dict[int, Call], snapshot: bool, vet: Callable[[int, Any], Optional[str]],
-                       fields: Sequence[str] = ()
+                       fields: Sequence[str] = (), weight_of: Optional[Callable[[Dict[str, Any]], float]] = None
                        ) -> Tuple[Dict[int, CallResult], Dict[int, Tuple[Optional[str], int]]]:
         """Runs this rank's clients, vets their replies here and gives every rank every accepted reply.
 
@@ -166,7 +166,8 @@ class DistributedBackend(ExecutionBackend):
         owner needs the client's data for that, so a rank builds only its own clients' data. A refused reply never
         leaves its owner; its verdict does, so every rank rejects (and rolls back) the same clients. ``fields``:
         reply fields of which the aggregator needs only the ``num_samples``-weighted mean (the fast path): each
-        rank sums ``weight * field`` of its accepted replies as one flat float64 vector per field and the ranks
+        rank sums ``weight * field`` (weight: ``weight_of(reply)``, the aggregator's ``reply_weight``; default
+        ``num_samples``) of its accepted replies as one flat float64 vector per field and the ranks
         all-reduce it with the weights, so only the rest of each reply (loss, metrics, num_samples) travels.
         Returns the results (accepted replies holding one ``WeightedMean`` per reduced field) and cid -> (refusal
         reason or None, bytes of the whole reply)."""
@@ -205,7 +206,7 @@ class DistributedBackend(ExecutionBackend):
                         if problem is not None:
                             bad_layout = bad_layout or f"client {cid}: {problem}"
                             continue
-                        w = float(res.reply["num_samples"])
+                        w = float(weight_of(res.reply)) if weight_of is not None else float(res.reply["num_samples"])
                         flat = torch.cat([res.reply[f][k].detach().reshape(-1).to(torch.float64)
                                           for k, _, dt in firsts[f][1] if dt.is_floating_point] or
                                          [torch.zeros(0, dtype=torch.float64)])

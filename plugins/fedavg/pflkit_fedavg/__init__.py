@@ -3,7 +3,17 @@
 Clients run E local epochs of mini-batch SGD from the global model; the server replaces the global model by the
 average of the uploads weighted by client sample counts (n_k / n). Personal model = the global model.
 """
+from typing import Any, Dict
+
 from pflkit.core import Algorithm, GlobalModelAggregator, LocalSGDTrainer
+from pflkit.core.params import Param
+
+WEIGHTINGS = ("samples", "uniform")
+
+
+def reply_weight(reply: Dict[str, Any], weighting: str) -> float:
+    """The weight of one upload in the server's mean: n_k (``samples``) or 1 (``uniform``)."""
+    return float(reply["num_samples"]) if weighting == "samples" else 1.0
 
 
 class FedAvgTrainer(LocalSGDTrainer):
@@ -16,10 +26,20 @@ class FedAvgTrainer(LocalSGDTrainer):
 
 
 class FedAvgAggregator(GlobalModelAggregator):
-    """Sample-weighted mean of the uploaded models (Algorithm 1, line 'w <- sum_k n_k/n w_k')."""
+    """Weighted mean of the uploaded models: by sample counts (Algorithm 1, line 'w <- sum_k n_k/n w_k'), or
+    uniform (each replying client weighs 1) where a paper averages so (pFedMe, Per-FedAvg, IFCA)."""
 
-    description = "sample-weighted average of uploads"
+    description = "sample-weighted (or uniform: aggregator.weighting) average of uploads"
+    params = {
+        "weighting": Param("samples", "weight of one client's upload in the mean: samples = its training-sample "
+                           "count n_k (FedAvg, Algorithm 1; default), uniform = 1 per replying client (the plain "
+                           "mean of pFedMe, Per-FedAvg and IFCA)", choices=WEIGHTINGS),
+    }
     mean_fields = ("params",)  # only the weighted mean of the uploads is needed: a distributed run may all-reduce it
+
+    def reply_weight(self, reply: Dict[str, Any]) -> float:
+        # one reply's weight, used alike by the serial combine and by each rank's sum on the distributed fast path
+        return reply_weight(reply, self.ctx.hp.get("weighting", "samples"))
 
 
 ALGORITHM = Algorithm(
