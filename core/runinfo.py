@@ -1,5 +1,9 @@
 """``run_info.json``: how and where a run was computed (command line, versions, git commit, threads, device, host).
 
+It records every library that affects the numbers (torch, numpy, scipy, scikit-learn, zuko, torchvision, the
+installed pflkit plugins) and the CPU's kernels (``torch.backends.cpu.get_cpu_capability()``, the CPU model):
+numbers are identical on one machine and library set, and may differ in the last bits on another CPU.
+
 One entry is written when a run starts and one more each time it is resumed, so a run directory says which
 software and machine produced each stretch of its rounds.
 """
@@ -18,6 +22,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 RUN_INFO_NAME = "run_info.json"
 # config section -> registry kind attribute in core.registry
+# distributions whose code computes a run's numbers (besides pflkit and its plugins)
+NUMERIC_LIBRARIES = ("torch", "numpy", "scipy", "scikit-learn", "zuko", "torchvision")
 _COMPONENTS = {"algorithm": "ALGORITHMS", "dataset": "DATASETS", "partition": "PARTITIONERS", "model": "MODELS",
                "trainer": "TRAINERS", "aggregator": "AGGREGATORS"}
 
@@ -42,6 +48,47 @@ def component_versions(cfg: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
         out[section] = {"name": name, "distribution": getattr(entry, "dist", None),
                         "version": getattr(entry, "version", None)}
     return out
+
+
+def library_versions() -> Dict[str, Optional[str]]:
+    """Version of each library in NUMERIC_LIBRARIES (None when not installed)."""
+    return {dist: _version(dist) for dist in NUMERIC_LIBRARIES}
+
+
+def plugin_versions() -> Dict[str, str]:
+    """Every installed distribution that registers a pflkit component (datasets, models, algorithms, ...), with its
+    version: the run's own components and any other plugin that might have been imported alongside them."""
+    from . import registry as reg
+
+    found: Dict[str, str] = {}
+    for registry in reg.ALL_REGISTRIES.values():
+        for entry in registry.entries():
+            if entry.dist != "<in-process>":
+                found[entry.dist] = entry.version
+    return dict(sorted(found.items()))
+
+
+def cpu_model() -> Optional[str]:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what the platform module reports)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def cpu_capability() -> Optional[str]:
+    """The vector instruction set torch's CPU kernels use here (e.g. 'AVX2', 'AVX512'): kernels for different
+    capabilities may round differently. None on a torch too old to say."""
+    import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def git_commit(source: Optional[Path] = None) -> Optional[Dict[str, Any]]:
@@ -69,6 +116,8 @@ def device_info(device: Any) -> Dict[str, Any]:
     else:
         info["device_name"] = platform.processor() or platform.machine()
     info["cpu_count"] = os.cpu_count()
+    info["cpu_model"] = cpu_model()
+    info["cpu_capability"] = cpu_capability()
     return info
 
 
@@ -90,6 +139,8 @@ def collect(cfg: Mapping[str, Any], device: Any, threads: int, event: str, from_
         "components": component_versions(cfg),
         "git": git_commit(),
         "torch": torch.__version__,
+        "libraries": library_versions(),
+        "plugins": plugin_versions(),
         "threads": threads,
         "threads_setting": cfg.get("threads"),
         "threads_source": threads_source(cfg),
