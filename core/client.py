@@ -13,6 +13,7 @@ import torch
 from easydict import EasyDict
 from torch import nn
 
+from .adaptation import AdaptationHooks, AdaptationSettings, evaluate_adapted
 from .params import Param, ParamSpec
 from .protocol import Message
 from .state import State, bn_keys, load_into, module_keys
@@ -36,6 +37,7 @@ class ClientContext:
     seed: int
     round: int = 0  # set by the backend before each call
     generator: torch.Generator = field(default_factory=torch.Generator)  # reseeded before each call
+    adaptation: Optional[AdaptationSettings] = None  # eval.adapt* (core/adaptation.py); None: scores unadapted
 
     @property
     def num_train(self) -> int:
@@ -109,7 +111,7 @@ BN_PARAM = Param("shared", "batch-norm running statistics: shared with the serve
                  choices=("shared", "local"))
 
 
-class LocalSGDTrainer(ClientTrainer):
+class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
     """The "global-model" protocol: receive shared state, train locally with SGD, upload shared state.
 
     Subclasses change one thing at a time: ``shared_keys`` (what is federated), ``loss`` (the objective),
@@ -122,6 +124,7 @@ class LocalSGDTrainer(ClientTrainer):
     params: ParamSpec = {"bn_stats": BN_PARAM}
     # pooled, a client keeps only ``client_keys``: the rest must come with every message (see ``can_pool``)
     needs_shared_delivery = True
+    adapts_at_evaluation = True  # on_evaluate applies eval.adapt (core/adaptation.py checks the defining class)
 
     def __init__(self, ctx: ClientContext):
         super().__init__(ctx)
@@ -151,6 +154,9 @@ class LocalSGDTrainer(ClientTrainer):
             self.receive(payload["params"])
         else:
             self.require_shared()
+        adapt = self.ctx.adaptation
+        if adapt is not None and adapt.applies(self.ctx.round):  # a scratch copy is adapted, scored, discarded
+            return evaluate_adapted(self, adapt)
         return self.evaluate_model(self.personal_forward())
 
     # extension points -----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from easydict import EasyDict
 from .errors import ConfigError, did_you_mean
 from .params import (Param, ParamSpec, non_negative, open_unit_interval, parse_value, plain_name, positive,
                      ratio_range, seed_range)
-from . import compose
+from . import adaptation, compose
 from . import registry as reg
 
 def _size(v: Any) -> Optional[str]:
@@ -64,6 +64,18 @@ CORE_SCHEMA: Dict[str, Any] = {
     "eval": {
         "every": Param(1, "evaluate all clients every N rounds (and always after the last round)", check=positive),
         "final_k": Param(5, "'final' metric = mean of the last k evaluations", check=positive),
+        "adapt": Param("never", "evaluation-time adaptation: fine-tune a scratch copy of each client's evaluated "
+                                "model on its training split before scoring it, at every evaluation, only the last "
+                                "final_k (those the 'final' metric averages), or never (README)",
+                       choices=("never", "every", "final")),
+        "adapt_steps": Param(None, "adaptation length in SGD steps (mini-batches of train.batch_size); give this "
+                                   "or adapt_epochs (default with neither: 1 epoch)", type=int, check=positive),
+        "adapt_epochs": Param(None, "adaptation length in epochs of the client's training split", type=int,
+                              check=positive),
+        "adapt_lr": Param(None, "adaptation learning rate (default: the trainer's, train.lr for most)", type=float,
+                          check=positive),
+        "adapt_params": Param("all", "parameters adapted: all, head, body (features), or a set the trainer "
+                                     "declares (adapt_param_sets)"),
     },
     "checkpoint": {
         "every": Param(5, "write a checkpoint every N rounds (and after the last round); 0 disables periodic ones",
@@ -343,6 +355,7 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
         if split[key] is not None and split[key] <= 0:
             raise ConfigError(f"split.{key}: must be > 0")
     comp = compose.composition(cfg)  # wrappers resolved: the classes the run will build
+    adaptation.check_trainer(comp.trainer, adaptation.settings_from_config(cfg), cfg["trainer"]["name"])
     tp, ap = getattr(comp.trainer, "protocol", None), getattr(comp.aggregator, "protocol", None)
     if tp != ap:
         raise ConfigError(
@@ -360,7 +373,9 @@ RESUME_SAFE_KEYS = ("rounds", "eval.every", "eval.final_k", "checkpoint.every", 
 LOCATION_KEYS = ("output_dir", "run_name")
 # Keys added after checkpoints existed: at these values they compute what the configuration computed before the
 # key existed, so the fingerprint leaves them out and older run directories stay resumable.
-NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed": None, "dataset.normalize": "standard"}
+NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed": None, "dataset.normalize": "standard",
+                                    "eval.adapt": "never", "eval.adapt_steps": None, "eval.adapt_epochs": None,
+                                    "eval.adapt_lr": None, "eval.adapt_params": "all"}
 
 
 def _flat_keys(tree: Mapping[str, Any], prefix: str = "") -> List[str]:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
-from . import compose
+from . import adaptation, compose
 from . import registry as reg
 from .backend import ExecutionBackend, SerialBackend, StateOptions, TrainerFactory
 from .checkpoint import (CHECKPOINT_NAME, checkpoint_exists, open_checkpoint, remove_orphaned_temporaries,
@@ -288,12 +288,15 @@ class Simulation:
                                                                   cfg.train.batch_size) for cid in self.client_ids}))
         self.guard = PrivacyGuard()
         self.contexts: Dict[int, ClientContext] = {}
+        adapt = adaptation.settings_from_config(cfg)  # eval.adapt*: applied by each client's on_evaluate
+        adaptation.check_model(self.trainer_cls, self.build_model, adapt)
         for cid in (c for c in self.client_ids if c in local):
             train, test = self.data.client_tensors(cid, self.device)
             self.guard.register(cid, [train.x, test.x], [train.y, test.y])
             self.contexts[cid] = ClientContext(
                 cid=cid, train=train, test=test, task=self.task, device=self.device, hp=trainer_hp,
-                train_cfg=cfg.train, build_model=self.build_model, num_clients=len(self.client_ids), seed=cfg.seed)
+                train_cfg=cfg.train, build_model=self.build_model, num_clients=len(self.client_ids), seed=cfg.seed,
+                adaptation=adapt)
         # the backend owns the clients' state: one live trainer each, or (a trainer that declares its state) a
         # pooled working trainer plus a store of declared states with a memory budget
         state_opts = StateOptions(parse_size(cfg.get("clients", {}).get("state_memory")), self.run_dir / SPILL_DIR)
@@ -475,6 +478,7 @@ class Simulation:
                      if failures else "")
             raise RunFailure(f"every client failed evaluation in round {rnd}{first} (run with -v for tracebacks)")
         summary = summarize(results, self.task.metric_name)
+        summary.update(adaptation.cost_summary(results))  # evaluation-time adaptation: steps, seconds, clients
         metrics = per_client_metric(results)
         if metrics:
             self.logger.log_histogram(f"{self.task.metric_name}/per_client", list(metrics.values()))
