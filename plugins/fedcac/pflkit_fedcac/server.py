@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from pflkit.core import BitMask, Message, Param, PflError, ServerAggregator, ServerContext
+from pflkit.core.figures import log_matrix_figure
 from pflkit.core.params import non_negative, positive
 
 from .client import PROTOCOL
@@ -137,4 +138,7 @@ class FedCACAggregator(ServerAggregator):
         every = self.ctx.hp.log_overlap_every
         if every and (rnd == 1 or rnd % every == 0):
             # rows/columns = this round's participants in client-id order (all clients at full participation)
-            log.log_image("fedcac/overlap", overlap.cpu().numpy())
+            log_matrix_figure(log, "fedcac/overlap", overlap.cpu().numpy(), labels=list(cids),
+                              title=f"FedCAC overlap of critical-parameter masks, round {rnd}",
+                              colorbar_label="overlap ratio of critical locations (Sec. 3.4)", vmin=0.0,
+                              vmax=1.0)

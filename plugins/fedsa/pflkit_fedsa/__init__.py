@@ -44,6 +44,7 @@ from typing import List, Optional, Set
 import torch
 
 from pflkit.core import Algorithm, GlobalModelAggregator, Param, ServerContext
+from pflkit.core.figures import log_matrix_figure
 from pflkit.core.params import unit_interval
 from pflkit.core.state import State, weighted_average
 
@@ -123,10 +124,11 @@ class FedSAAggregator(GlobalModelAggregator):
         for k in keys:
             out[k] = combined[k].to(states[0][k].dtype)
         self.last_report = report
-        self._log(report, len(states))
+        self._log(report, list(cids))
         return out
 
-    def _log(self, report: FedSAReport, num_uploads: int) -> None:
+    def _log(self, report: FedSAReport, cids: List[int]) -> None:
+        num_uploads = len(cids)
         logger = self.ctx.logger
         if logger is None:
             return
@@ -144,7 +146,9 @@ class FedSAAggregator(GlobalModelAggregator):
         if sim is not None and num_uploads > 1:
             off = ~torch.eye(num_uploads, dtype=torch.bool, device=sim.device)
             logger.log_scalar("fedsa/similarity_mean", float(sim[off].mean()))
-            logger.log_image("fedsa/similarity", sim.detach().cpu().numpy())
+            log_matrix_figure(logger, "fedsa/similarity", sim.detach().cpu().numpy(), labels=cids,
+                              title=f"FedSA similarity of the uploads, round {logger.step}",
+                              colorbar_label="similarity (Eq. 10)", vmin=0.0, vmax=1.0)
 
 
 ALGORITHM = Algorithm(
