@@ -7,11 +7,11 @@ from torch import nn
 
 from pflkit.core.params import Param, positive
 
-from .base import SplitModel, flat_size
+from .base import PROJECTION_PARAM, SplitModel, flat_size, split_model
 
 
 def cnn4(input_shape: Sequence[int], num_classes: int, channels: list = None, hidden: int = 512,
-         padding: Optional[int] = None) -> SplitModel:
+         padding: Optional[int] = None, projection_dim: int = 0) -> SplitModel:
     """Conv5x5(32)-ReLU-MaxPool-Conv5x5(64)-ReLU-MaxPool-FC(512)-ReLU | head FC(num_classes).
 
     ``padding`` defaults to 0 (the original, for 28x28/32x32 inputs) and to 2 for inputs smaller than 20 pixels
@@ -25,11 +25,12 @@ def cnn4(input_shape: Sequence[int], num_classes: int, channels: list = None, hi
         nn.Conv2d(c1, c2, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
     flat = flat_size(conv, input_shape)
     features = nn.Sequential(*conv, nn.Linear(flat, hidden), nn.ReLU())
-    return SplitModel(features, nn.Linear(hidden, num_classes), hidden)
+    return split_model(features, hidden, num_classes, projection_dim)
 
 
 cnn4.params = {
     "channels": Param([32, 64], "channels of the two conv layers", type=list),
     "hidden": Param(512, "width of the fully connected feature layer", check=positive),
     "padding": Param(None, "conv padding (default: 0, or 2 for inputs under 20 px)", type=int),
+    "projection_dim": PROJECTION_PARAM,
 }

@@ -8,7 +8,7 @@ from torch import nn
 
 from pflkit.core.params import Param, non_negative, positive
 
-from .base import SplitModel
+from .base import PROJECTION_PARAM, SplitModel, split_model
 
 
 class BagOfEmbeddings(nn.Module):
@@ -23,7 +23,7 @@ class BagOfEmbeddings(nn.Module):
 
 
 def fasttext(input_shape: Sequence[int], num_classes: int, vocab_size: int = 98635, embed_dim: int = 32,
-             hidden: int = 32) -> SplitModel:
+             hidden: int = 32, projection_dim: int = 0) -> SplitModel:
     """features = EmbeddingBag(mean over non-padding tokens) [+ Linear(embed_dim, hidden), as PFLlib's fc1, no
     activation]; head = Linear(., num_classes). Inputs: (batch, seq_len) token ids, padded with 0.
     ``hidden=0`` drops the hidden layer (plain fastText: the bag of embeddings feeds the head).
@@ -34,11 +34,12 @@ def fasttext(input_shape: Sequence[int], num_classes: int, vocab_size: int = 986
         dim = hidden
     else:
         features, dim = nn.Sequential(bag), embed_dim
-    return SplitModel(features, nn.Linear(dim, num_classes), dim)
+    return split_model(features, dim, num_classes, projection_dim)
 
 
 fasttext.params = {
     "vocab_size": Param(98635, "vocabulary size incl. padding id 0 (PFLlib's AG News: 98635)", check=positive),
     "embed_dim": Param(32, "embedding dimension", check=positive),
     "hidden": Param(32, "width of the linear layer after the bag (0 = none)", check=non_negative),
+    "projection_dim": PROJECTION_PARAM,
 }

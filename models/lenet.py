@@ -7,10 +7,11 @@ from torch import nn
 
 from pflkit.core.params import Param
 
-from .base import SplitModel, flat_size
+from .base import PROJECTION_PARAM, SplitModel, flat_size, split_model
 
 
-def lenet(input_shape: Sequence[int], num_classes: int, channels: list = None, hidden: list = None) -> SplitModel:
+def lenet(input_shape: Sequence[int], num_classes: int, channels: list = None, hidden: list = None,
+          projection_dim: int = 0) -> SplitModel:
     """FedC2I Table 7, layer by layer:
 
     1 CONV(in, 64, k=5), ReLU; 2 MaxPool(2, 2); 3 CONV(64, 64, k=5), ReLU; 4 MaxPool(2, 2);
@@ -27,7 +28,7 @@ def lenet(input_shape: Sequence[int], num_classes: int, channels: list = None, h
         nn.Conv2d(c1, c2, kernel_size=5), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2), nn.Flatten())
     flat = flat_size(conv, input_shape)
     features = nn.Sequential(*conv, nn.Linear(flat, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU())
-    return SplitModel(features, nn.Linear(h2, num_classes), h2)
+    return split_model(features, h2, num_classes, projection_dim)
 
 
 def _two_positive_ints(v) -> Optional[str]:
@@ -40,4 +41,5 @@ lenet.params = {
                       check=_two_positive_ints),
     "hidden": Param([384, 192], "widths of the two FC feature layers (Table 7: 384, 192)", type=list,
                     check=_two_positive_ints),
+    "projection_dim": PROJECTION_PARAM,
 }

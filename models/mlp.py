@@ -8,10 +8,11 @@ from torch import nn
 
 from pflkit.core.params import Param
 
-from .base import SplitModel
+from .base import PROJECTION_PARAM, SplitModel, split_model
 
 
-def mlp(input_shape: Sequence[int], num_classes: int, hidden: list = None, dropout: float = 0.0) -> SplitModel:
+def mlp(input_shape: Sequence[int], num_classes: int, hidden: list = None, dropout: float = 0.0,
+        projection_dim: int = 0) -> SplitModel:
     """MLP: flatten -> [Linear -> ReLU]* -> Linear head."""
     hidden = [200, 200] if hidden is None else list(hidden)
     layers: list = [nn.Flatten()]
@@ -21,11 +22,12 @@ def mlp(input_shape: Sequence[int], num_classes: int, hidden: list = None, dropo
         if dropout > 0:
             layers.append(nn.Dropout(dropout))
         width = h
-    return SplitModel(nn.Sequential(*layers), nn.Linear(width, num_classes), width)
+    return split_model(nn.Sequential(*layers), width, num_classes, projection_dim)
 
 
 mlp.params = {
     "hidden": Param([200, 200], "hidden layer widths", type=list),
     "dropout": Param(0.0, "dropout after each hidden layer",
                      check=lambda v: None if 0 <= v < 1 else "must lie in [0, 1)"),
+    "projection_dim": PROJECTION_PARAM,
 }

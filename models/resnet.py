@@ -11,7 +11,7 @@ from torch import nn
 from pflkit.core.errors import ConfigError
 from pflkit.core.params import Param, positive
 
-from .base import SplitModel
+from .base import PROJECTION_PARAM, SplitModel, split_model
 
 
 def _norm(kind: str, channels: int, groups: int) -> nn.Module:
@@ -44,7 +44,7 @@ class BasicBlock(nn.Module):
 
 
 def build_resnet(input_shape: Sequence[int], num_classes: int, blocks: List[int], width: int = 64,
-                 norm: str = "batch", gn_groups: int = 2) -> SplitModel:
+                 norm: str = "batch", gn_groups: int = 2, projection_dim: int = 0) -> SplitModel:
     """Stem conv3x3(width) + norm + ReLU, stages of basic blocks (width doubling, stride 2 from stage 2),
     adaptive average pool + flatten as ``features``; ``head`` = Linear(final width, num_classes)."""
     if len(input_shape) != 3:
@@ -59,7 +59,7 @@ def build_resnet(input_shape: Sequence[int], num_classes: int, blocks: List[int]
             layers.append(BasicBlock(cin, cout, 2 if (stage > 0 and b == 0) else 1, norm, gn_groups))
             cin = cout
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
-    return SplitModel(nn.Sequential(*layers), nn.Linear(cin, num_classes), cin)
+    return split_model(nn.Sequential(*layers), cin, num_classes, projection_dim)
 
 
 _COMMON = {
@@ -67,13 +67,14 @@ _COMMON = {
     "norm": Param("batch", "normalisation layer: batch (BatchNorm, the default), group (GroupNorm) or none",
                   choices=("batch", "group", "none")),
     "gn_groups": Param(2, "groups of GroupNorm (norm=group)", check=positive),
+    "projection_dim": PROJECTION_PARAM,
 }
 
 
 def _variant(name: str, blocks: List[int]):
     def make(input_shape: Sequence[int], num_classes: int, width: int = 64, norm: str = "batch",
-             gn_groups: int = 2) -> SplitModel:
-        return build_resnet(input_shape, num_classes, blocks, width, norm, gn_groups)
+             gn_groups: int = 2, projection_dim: int = 0) -> SplitModel:
+        return build_resnet(input_shape, num_classes, blocks, width, norm, gn_groups, projection_dim)
     make.__name__ = name
     make.__qualname__ = name
     make.__doc__ = f"{name}: CIFAR-style ResNet with basic-block stage counts {blocks}."

@@ -1,0 +1,79 @@
+"""FedNTD (Lee, Jeong, Shin, Bae, Yun: "Preservation of the Global Knowledge by Not-True Distillation in Federated
+Learning", NeurIPS 2022).
+
+FedAvg in which every client, while training the received global model w^t, distils from a frozen copy of w^t on
+the *not-true* classes only: the local objective is CE(q, y) + beta * L_NTD(q~, q~_g) (``equations.py``), so the
+client is free to fit its own labels while keeping the global model's knowledge of the other classes. The server
+is FedAvg's (sample-weighted mean); the global model is the one evaluated, as in FedAvg. Nothing is kept on the
+client between rounds (the frozen copy is rewritten from every message before it is read), so the declared state
+is FedAvg's.
+"""
+from typing import Any, Dict
+
+import torch
+
+from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param
+from pflkit.core.params import non_negative, positive
+from pflkit.core.state import load_into
+
+from .equations import not_true_logits, ntd_loss
+
+__all__ = ["FedNTDTrainer", "ALGORITHM", "not_true_logits", "ntd_loss"]
+
+
+class FedNTDTrainer(LocalSGDTrainer):
+    """FedAvg's local update on CE + beta * L_NTD against a frozen copy of the received global model."""
+
+    description = ("FedAvg's local update on CE + beta * tau^2 KL over the not-true classes, distilled from a frozen "
+                   "copy of the received global model")
+    params = {
+        **LocalSGDTrainer.params,
+        "beta": Param(1.0, "weight beta of the not-true distillation loss (default 1: the authors' "
+                           "config/fedntd.json; PFLlib's default -bt 0 switches the loss off, i.e. FedAvg); "
+                           "0 = FedAvg exactly", check=non_negative),
+        "tau": Param(1.0, "softmax temperature tau of the not-true distributions (default 1: the authors' and "
+                          "PFLlib's)", check=positive),
+    }
+    declares_state = True  # FedAvg's (the model keys never sent); the frozen copy is rebuilt from every message
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if ctx.task.kind != "classification":
+            raise ConfigError(f"algorithm fedntd: not-true distillation needs a classification task (it drops the "
+                              f"true class from the class scores); this dataset is {ctx.task.kind}")
+        self.global_model = ctx.build_model().requires_grad_(False)  # q_g: the received w^t, never trained
+
+    def local_update(self) -> float:
+        # w^t, as this client holds it (its own unshared keys included), frozen for the round
+        load_into(self.global_model, self.model.state_dict())
+        self.global_model.eval()  # as PFLlib's port of the authors' code: no dropout noise, BN running statistics
+        self._ntd_sum = torch.zeros((), device=self.ctx.device)
+        self._steps = 0
+        return super().local_update()
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.model(x)
+        with torch.no_grad():
+            global_logits = self.global_model(x)
+        distill = ntd_loss(logits, global_logits, y, self.ctx.hp.tau)
+        self._ntd_sum = self._ntd_sum + distill.detach()
+        self._steps += 1
+        return self.ctx.task.loss(logits, y) + self.ctx.hp.beta * distill
+
+    def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        reply = super().on_fit(payload)
+        reply["metrics"] = {"ntd_loss": float(self._ntd_sum) / max(1, self._steps)}
+        return reply
+
+
+ALGORITHM = Algorithm(
+    trainer="fedntd", aggregator="fedavg",
+    description="FedNTD: FedAvg whose clients add beta * tau^2 KL(global || local) over the not-true classes, "
+                "distilled from a frozen copy of the received global model (Lee et al., 2022). Defaults: beta 1, "
+                "tau 1 (the authors'); model and local training as pflkit's FedAvg (cnn4, SGD lr 0.05, batch 32, "
+                "1 local epoch).",
+    paper="Lee, Jeong, Shin, Bae, Yun: Preservation of the Global Knowledge by Not-True Distillation in Federated "
+          "Learning, NeurIPS 2022",
+    defaults={"model": {"name": "cnn4"}, "train": {"lr": 0.05, "batch_size": 32, "local_epochs": 1},
+              "trainer": {"beta": 1.0, "tau": 1.0}},
+)

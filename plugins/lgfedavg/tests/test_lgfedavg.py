@@ -1,0 +1,130 @@
+"""LG-FedAvg: the top layers are shared and the lower ones stay local, sharing every layer is FedAvg bit for bit,
+pooled = one trainer per client, resume, two processes = serial, bad input as one line + exit 2."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pflkit.core import MODELS, Simulation
+from pflkit.core.backend import SerialBackend
+from pflkit.core.cli.main import cli
+from pflkit.core.config import to_plain
+from pflkit.core.testing import tiny_config
+from pflkit_lgfedavg import LGFedAvgTrainer, model_layers, top_layer_keys
+
+# a 3-layer MLP, so that the default (2 global layers) leaves one local layer
+OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}, "model": {"name": "mlp", "hidden": [32, 16]}}
+
+
+class OneTrainerPerClient(SerialBackend):
+    """One live trainer per client whatever the trainer declares: the reference for pooled runs."""
+
+    def start(self, build_trainer, client_ids, state_options=None):
+        super().start(lambda cid: build_trainer(cid), client_ids)
+
+
+def records(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(ln).items() if "seconds" not in k} for ln in lines]
+
+
+def run(tmp_path, name, algorithm="lgfedavg", sets=(), **kw):
+    sim = Simulation(tiny_config(algorithm, OVER, sets), run_dir=tmp_path / name, tensorboard=False, **kw)
+    return sim, sim.run()
+
+
+def test_layers_are_counted_from_the_output():
+    torch.manual_seed(0)
+    cnn = MODELS.get("cnn4")(input_shape=(1, 8, 8), num_classes=10)
+    assert [layer[0] for layer in model_layers(cnn)] == ["features.0.weight", "features.3.weight",
+                                                        "features.7.weight", "head.weight"]
+    # the default, 2: cnn4's 512-wide feature layer and its head; the convolutions stay local
+    assert top_layer_keys(cnn, 2) == ["features.7.weight", "features.7.bias", "head.weight", "head.bias"]
+    assert top_layer_keys(cnn, 1) == ["head.weight", "head.bias"]  # PFLlib's choice
+    res = MODELS.get("resnet8")(input_shape=(3, 8, 8), num_classes=10, width=4)
+    layers = model_layers(res)
+    assert sum(layers, []) == list(res.state_dict())  # every key in exactly one layer, in order
+    assert layers[0] == ["features.0.weight", "features.1.weight", "features.1.bias", "features.1.running_mean",
+                         "features.1.running_var", "features.1.num_batches_tracked"]  # a conv with its BatchNorm
+
+
+def test_top_layers_travel_and_lower_layers_stay_local(tmp_path):
+    sim, _ = run(tmp_path, "lg")
+    shared = ["features.3.weight", "features.3.bias", "head.weight", "head.bias"]
+    assert sorted(sim.server.global_state) == sorted(shared)
+    trainer = LGFedAvgTrainer(sim.contexts[0])
+    assert trainer.shared == shared and trainer.client_keys() == ["features.1.weight", "features.1.bias"]
+    reply = trainer.on_fit({"params": dict(sim.server.global_state)})
+    assert sorted(reply["params"]) == sorted(shared)
+    # the first layer is each client's own: two clients that trained differ there
+    trained = [c for c in sim.client_ids if c in sim.backend.pool.store]
+    assert len(trained) >= 2
+    firsts = [sim.backend.pool.store.get(c)["model"]["features.1.weight"] for c in trained[:2]]
+    assert not torch.equal(*firsts)
+
+
+def test_sharing_every_layer_is_fedavg_bit_for_bit(tmp_path):
+    lg, a = run(tmp_path, "lg", sets=("trainer.global_layers=3",))
+    avg, b = run(tmp_path, "avg", "fedavg")
+    assert records(tmp_path / "lg") == records(tmp_path / "avg") and a["final"] == b["final"]
+    for k, v in avg.server.global_state.items():
+        assert torch.equal(lg.server.global_state[k], v), k
+    _, c = run(tmp_path, "default")
+    assert c["final"] != b["final"]
+
+
+def test_pooled_equals_one_trainer_per_client(tmp_path):
+    pooled, a = run(tmp_path, "pooled")
+    legacy, b = run(tmp_path, "legacy", backend=OneTrainerPerClient())
+    assert pooled.backend.pool is not None and legacy.backend.pool is None
+    assert records(tmp_path / "pooled") == records(tmp_path / "legacy") and a["final"] == b["final"]
+
+
+def test_resume_reaches_the_same_numbers(tmp_path):
+    _, full = run(tmp_path, "full")
+    Simulation(tiny_config("lgfedavg", OVER), run_dir=tmp_path / "part", tensorboard=False).run(stop_after=2)
+    resumed = Simulation.resume(tmp_path / "part", tensorboard=False).run()
+    assert resumed["rounds_completed"] == 3 and resumed["final"] == full["final"]
+    assert records(tmp_path / "part") == records(tmp_path / "full")
+
+
+@pytest.mark.parametrize("sets, message", [
+    (("trainer.global_layers=0",), "trainer.global_layers: 0 is invalid: must be > 0"),
+    (("trainer.global_layers=5",), "trainer.global_layers: 5 is more than the 4 layers of model SplitModel"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, sets, message):
+    args = ["run", "--plugin", "lgfedavg", "--no-progress", "--set", f"output_dir={tmp_path}", "--set", "rounds=1"]
+    for s in sets:
+        args += ["--set", s]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert sum(ln.startswith("Error") for ln in res.output.splitlines()) == 1
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # a failed start leaves no run folder behind
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
+def test_two_workers_give_the_serial_numbers(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(to_plain(tiny_config("lgfedavg", OVER))))
+    cmd = [sys.executable, "-m", "pflkit.core.cli", "run", "--workers", "2", "--no-progress", "--config", str(path),
+           "--set", f"output_dir={tmp_path}", "--set", "run_name=w2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "60", "PFLKIT_DIST_TIMEOUT": "120"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err
+    run(tmp_path, "serial")
+    assert records(tmp_path / "w2") == records(tmp_path / "serial")

@@ -1,0 +1,118 @@
+"""MOON (Li, He, Song: "Model-Contrastive Federated Learning", CVPR 2021).
+
+FedAvg whose clients add a model-contrastive term to cross-entropy: the representation z = R_w(x) of the model
+being trained is pulled toward the received global model's, z_glob, and pushed away from the client's previous
+local model's, z_prev (``equations.py``). The server is FedAvg's; the global model is evaluated, as in FedAvg.
+
+In pflkit the representation R is the model's ``features`` (every built-in model is a ``SplitModel``,
+``forward = head(features(x))``). MOON's architecture puts a projection head -- Linear(d, d), ReLU,
+Linear(d, 256) -- between the features and the classifier and contrasts its output: that is the general model
+option ``model.projection_dim``, which appends it to ``features``; MOON's defaults set it to 256 (the paper's
+out_dim). With ``model.projection_dim=0`` the plain features are contrasted, as in PFLlib and FL-bench.
+
+Client state: the previous local model, of which only the representation part R is ever used, so only
+``features`` is kept (declared, hence pooled and spillable). Before a client's first training it is the initial
+model w^0 (the authors' code). The frozen copy of w^t is rewritten from every message before it is read.
+"""
+from typing import Any, Dict
+
+import torch
+from torch import nn
+
+from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param
+from pflkit.core.client import host_copy
+from pflkit.core.params import non_negative, positive
+from pflkit.core.state import load_into
+
+from .equations import model_contrastive_loss
+
+__all__ = ["MOONTrainer", "ALGORITHM", "model_contrastive_loss"]
+
+
+def representation(model: nn.Module) -> nn.Module:
+    """The module whose output MOON contrasts: ``model.features`` (it must be followed by ``model.head``)."""
+    features, head = getattr(model, "features", None), getattr(model, "head", None)
+    if not isinstance(features, nn.Module) or not isinstance(head, nn.Module):
+        raise ConfigError(f"algorithm moon: MOON contrasts the representation features(x) of a model whose forward is "
+                          f"head(features(x)); model {type(model).__name__} has no 'features'/'head' sub-modules")
+    return features
+
+
+class MOONTrainer(LocalSGDTrainer):
+    """FedAvg's local update on CE + mu * l_con against the frozen global and previous local representations."""
+
+    description = ("FedAvg's local update on CE + mu * l_con, contrasting features(x) with the received global "
+                   "model's (positive) and the client's previous model's (negative)")
+    params = {
+        **LocalSGDTrainer.params,
+        "mu": Param(5.0, "weight mu of the model-contrastive loss (default 5: the paper's for CIFAR-10; 1 for "
+                         "CIFAR-100 and Tiny-ImageNet; PFLlib's default -mu 0 switches it off, i.e. FedAvg); 0 = "
+                         "FedAvg exactly", check=non_negative),
+        "tau": Param(0.5, "temperature tau of l_con (default 0.5: the paper's and FL-bench's; PFLlib's is 1.0, the "
+                          "value FedSA states)", check=positive),
+        "frozen_mode": Param("eval", "mode of the frozen global and previous models while they embed a batch: eval "
+                                     "(default: BatchNorm running statistics, no dropout) or train (batch "
+                                     "statistics; the references leave this unsettled)", choices=("eval", "train")),
+    }
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        representation(self.model)
+        # R_{w^t} and R_{w_i^{t-1}}: only the representation part of each model is kept
+        self.global_features = ctx.build_model().features.requires_grad_(False)
+        self.previous = ctx.build_model().features.requires_grad_(False)  # w^0's before the first training
+
+    def local_update(self) -> float:
+        load_into(self.global_features, self.model.features.state_dict())  # the received w^t, frozen
+        train_mode = self.ctx.hp.frozen_mode == "train"
+        self.global_features.train(train_mode)
+        self.previous.train(train_mode)
+        self._con_sum = torch.zeros((), device=self.ctx.device)
+        self._steps = 0
+        loss = super().local_update()
+        load_into(self.previous, self.model.features.state_dict())  # w_i^t: the negative of the next round
+        return loss
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = self.model.features(x)
+        with torch.no_grad():
+            z_glob, z_prev = self.global_features(x), self.previous(x)
+        con = model_contrastive_loss(z, z_glob, z_prev, self.ctx.hp.tau)
+        self._con_sum = self._con_sum + con.detach()
+        self._steps += 1
+        return self.ctx.task.loss(self.model.head(z), y) + self.ctx.hp.mu * con  # l_sup + mu * l_con
+
+    def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        reply = super().on_fit(payload)
+        reply["metrics"] = {"contrastive_loss": float(self._con_sum) / max(1, self._steps)}
+        return reply
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {**super().state_dict(), "previous": self.previous.state_dict()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.previous.load_state_dict(state["previous"])
+
+    # declared state: the previous model's representation part (plus the model keys never sent, if any)
+    declares_state = True
+
+    def client_state(self) -> Dict[str, Any]:
+        return {**super().client_state(), "previous": host_copy(self.previous.state_dict())}
+
+    def load_client_state(self, state: Dict[str, Any]) -> None:
+        super().load_client_state(state)
+        load_into(self.previous, state["previous"])
+
+
+ALGORITHM = Algorithm(
+    trainer="moon", aggregator="fedavg",
+    description="MOON: FedAvg whose clients add mu * l_con, a contrastive loss pulling features(x) toward the "
+                "global model's and away from the previous local model's (Li et al., 2021). Defaults: mu 5, tau "
+                "0.5 (the paper's CIFAR-10 values), cnn4 with the paper's projection head (model.projection_dim "
+                "256); local training as pflkit's FedAvg (SGD lr 0.05, batch 32, 1 local epoch).",
+    paper="Li, He, Song: Model-Contrastive Federated Learning, CVPR 2021",
+    defaults={"model": {"name": "cnn4", "projection_dim": 256},
+              "train": {"lr": 0.05, "batch_size": 32, "local_epochs": 1},
+              "trainer": {"mu": 5.0, "tau": 0.5}},
+)
