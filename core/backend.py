@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import torch
 
 from .clientstate import ClientStateStore, TrainerPool
+from .errors import PflError
 from .protocol import Message
 from .seeding import seed_everything
 
@@ -172,7 +173,14 @@ class SerialBackend(ExecutionBackend):
         for cid in sorted(calls):
             call = calls[cid]
             if self.pool is not None:
-                trainer = self.pool.bind(cid)
+                try:  # a trainer whose load_client_state() raises is a failed client (failures.*)
+                    trainer = self.pool.bind(cid)
+                except (PflError, KeyboardInterrupt):
+                    raise  # a spill file that cannot be trusted ends the run with one line
+                except Exception as exc:
+                    results[cid] = CallResult(cid, error=f"swapping its state in: {type(exc).__name__}: {exc}",
+                                              detail=traceback.format_exc())
+                    continue
             else:
                 trainer = self.trainers[cid]
                 if snapshot:
@@ -190,7 +198,13 @@ class SerialBackend(ExecutionBackend):
                 results[cid] = CallResult(cid, error=f"{type(exc).__name__}: {exc}",
                                           detail=traceback.format_exc(), seconds=time.perf_counter() - start)
             if self.pool is not None:
-                self.pool.release(cid)  # outside the isolation: a full disk while spilling ends the run
+                try:  # a full disk while spilling (PflError) ends the run; client_state() raising fails the client
+                    self.pool.release(cid)
+                except (PflError, KeyboardInterrupt):
+                    raise
+                except Exception as exc:  # its stored state stays the one before this call (as after a rollback)
+                    results[cid] = CallResult(cid, error=f"swapping its state out: {type(exc).__name__}: {exc}",
+                                              detail=traceback.format_exc(), seconds=results[cid].seconds)
         return results
 
     def rollback(self, cid: int) -> None:

@@ -16,7 +16,10 @@ The body's checksum is verified before anything is unpickled, and every blob is 
 ``torch.load(weights_only=True)``, which only rebuilds tensors and plain containers: a crafted file cannot run
 code. Types that ``weights_only`` does not know (numpy arrays and scalars in RNG states) are converted to tensors
 and plain values on the way out and back on the way in. Writes are atomic: a temporary file in the run directory,
-fsynced, then renamed over the previous checkpoint, which therefore stays intact when a write fails.
+fsynced, then renamed over the previous checkpoint, which therefore stays intact when a write fails. The file is
+read without following a link (a link, FIFO or device named ``checkpoint.pt`` is refused). The header records the
+partition's fingerprint (``partition_sha256``); a resume checks it and every counter it relies on
+(``check_header``, ``check_run_state``).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 
 from .errors import CheckpointError
+from .safefiles import open_read
 
 CHECKPOINT_NAME = "checkpoint.pt"
 TEMP_PREFIX = ".checkpoint-"
@@ -218,7 +222,7 @@ def _verify_body(f: BinaryIO, path: Path, header: Dict[str, Any], body_start: in
 def read_header(path: Path) -> Tuple[Dict[str, Any], bytes]:
     """Header and verified body bytes of a checkpoint file; a damaged or foreign file is a CheckpointError."""
     try:
-        with open(path, "rb") as f:
+        with open_read(path) as f:
             header, body_start = _parse_header(f, Path(path))
             _verify_body(f, Path(path), header, body_start)
             f.seek(body_start)
@@ -258,7 +262,7 @@ class ClientStates(MutableMapping):
             raise KeyError(cid)
         offset, length = self._records[cid]
         try:
-            with open(self._path, "rb") as f:
+            with open_read(self._path) as f:
                 f.seek(self._body_start + offset)
                 data = f.read(length)
         except OSError as exc:
@@ -292,7 +296,7 @@ def open_checkpoint(run_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """
     path = Path(run_dir) / CHECKPOINT_NAME
     try:
-        with open(path, "rb") as f:
+        with open_read(path) as f:
             header, body_start = _parse_header(f, path)
             _verify_body(f, path, header, body_start)
             if header["format_version"] == 2:  # one blob holding everything
@@ -328,6 +332,54 @@ def load_checkpoint(run_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     header, state = open_checkpoint(run_dir)
     state["clients"] = dict(state["clients"].items())
     return header, state
+
+
+def _count(value: Any, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+# header fields a resume relies on: name -> (lowest, highest) accepted integer; None allowed where noted
+_HEADER_INTS = {"round": (0, 10 ** 9), "num_clients": (1, 10 ** 9), "torch_threads": (1, 1 << 16)}
+_HEADER_OPTIONAL = ("torch_threads",)
+
+
+def check_header(header: Dict[str, Any], path: Path) -> None:
+    """Refuse header values a resume cannot trust (wrong types, negative or huge counts, NaN): one line naming
+    the field. The body's checksum covers the body only, so the header's values are checked here."""
+    for key, (low, high) in _HEADER_INTS.items():
+        value = header.get(key)
+        if value is None and key in _HEADER_OPTIONAL:
+            continue
+        if not _count(value, low, high):
+            raise CheckpointError(f"checkpoint {path} is corrupt: header field '{key}' is {repr(value)[:40]}, not "
+                                  f"an integer in [{low}, {high}]; {_RESTORE}")
+    for key in ("config_sha256", "partition_sha256"):
+        value = header.get(key)
+        if value is None and key == "partition_sha256":  # written before partitions were fingerprinted
+            continue
+        if not isinstance(value, str) or len(value) != 64:
+            raise CheckpointError(f"checkpoint {path} is corrupt: header field '{key}' is not a SHA-256 digest; "
+                                  f"{_RESTORE}")
+
+
+def check_run_state(state: Dict[str, Any], header: Dict[str, Any], path: Path) -> None:
+    """The run state's counters must be plain non-negative integers agreeing with the header (a crafted state
+    would otherwise run rounds that do not exist, e.g. round -5 running rounds -4..3)."""
+    problems = []
+    if not _count(state.get("round"), 0, 10 ** 9) or state.get("round") != header.get("round"):
+        problems.append(f"round {repr(state.get('round'))[:40]} (header: {repr(header.get('round'))[:40]})")
+    if not _count(state.get("setup_calls", 0), 0, 1 << 62):
+        problems.append(f"setup_calls {repr(state.get('setup_calls'))[:40]}")
+    if not isinstance(state.get("setup_done"), bool):
+        problems.append("setup_done is not true or false")
+    totals = state.get("totals")
+    if not isinstance(totals, dict) or not all(_count(totals.get(k), 0, 1 << 62)
+                                               for k in ("bytes_up", "bytes_down", "failures")):
+        problems.append("totals are not non-negative integers")
+    if not isinstance(state.get("failures"), list):
+        problems.append("failures is not a list")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {'; '.join(problems)}; {_RESTORE}")
 
 
 def checkpoint_exists(run_dir: Path) -> bool:

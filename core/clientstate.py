@@ -2,8 +2,12 @@
 
 ``ClientStateStore`` keeps each client's declared state (``ClientTrainer.client_state``) in host memory; past a
 byte budget (``clients.state_memory``) the least recently used states spill to one file per client in the run
-directory (``torch.save`` of tensors and plain containers, read back with ``weights_only=True``: data, never
-code). A client that was never touched holds no entry: its state is the shared initial one.
+directory (``torch.save`` of ``{"client": cid, "state": ...}``, tensors and plain containers, read back with
+``weights_only=True``: data, never code). The store keeps each spill file's SHA-256 and size in memory and checks
+them, and the client id inside, when it reads the file back: a spill file swapped with another client's, copied
+over, edited or replaced by a link is one clear error naming it, never silently another client's state. A disk
+that fills while spilling is one clear error too. A client that was never touched holds no entry: its state is
+the shared initial one.
 
 ``TrainerPool`` is one worker's working trainer: a single instance (model, optimiser buffers, scratch tensors)
 rebound to whichever client a call is for. Both are owned by an execution backend, so a multi-process backend
@@ -11,17 +15,20 @@ keeps one pool per worker and one store per worker for the clients it owns.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import re
 import shutil
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Set
+from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
 import torch
 
 from .errors import CheckpointError, ConfigError
+from .safefiles import RunFileError, ensure_dir, read_regular
 
 SPILL_DIR = "client_state"
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
@@ -46,8 +53,14 @@ def parse_size(value: Any, key: str = "clients.state_memory") -> Optional[int]:
     return int(number * _UNITS[unit])
 
 
-def _write_state(state: Any, f: Any) -> None:
-    torch.save(state, f)  # tensors and plain containers only: read back with weights_only=True
+def _serialise(cid: int, state: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save({"client": int(cid), "state": state}, buf)  # tensors and plain containers: read with weights_only
+    return buf.getvalue()
+
+
+def _write_state(data: bytes, f: Any) -> None:
+    f.write(data)  # OSError (ENOSPC, EIO) when the disk is full
 
 
 def tensors_of(obj: Any) -> Iterator[torch.Tensor]:
@@ -98,6 +111,7 @@ class ClientStateStore:
         self._prev: Dict[int, Any] = {}  # cid -> the replaced state, _NO_ENTRY or _SPILLED
         self._prev_bytes: Dict[int, int] = {}  # in-memory previous states' bytes (counted in memory_bytes)
         self._tracking = False
+        self._sums: Dict[str, Tuple[str, int]] = {}  # spill file name -> (SHA-256, size) of what was written
         self.memory_bytes = 0
         self.spills = 0  # states written to disk so far (for tests and the benchmark)
         if self.budget is not None and self.spill_dir is None:
@@ -155,7 +169,7 @@ class ClientStateStore:
         self.discard(cid)
         prev = self._prev.pop(cid)
         if prev is _SPILLED:
-            os.replace(self._prev_path(cid), self._path(cid))
+            self._rename(self._prev_path(cid), self._path(cid))
             self._spilled.add(cid)
         elif prev is not _NO_ENTRY:
             nbytes = self._prev_bytes.pop(cid)
@@ -168,13 +182,13 @@ class ClientStateStore:
             self._prev_bytes[cid] = self._bytes.pop(cid)  # stays counted in memory_bytes
         elif cid in self._spilled:
             self._spilled.discard(cid)
-            os.replace(self._path(cid), self._prev_path(cid))  # a rename: nothing is read
+            self._rename(self._path(cid), self._prev_path(cid))  # a rename: nothing is read
             self._prev[cid] = _SPILLED
         else:
             self._prev[cid] = _NO_ENTRY
 
     def _spill_previous(self, cid: int) -> None:
-        self._write(self._prev[cid], self._prev_path(cid))
+        self._write(cid, self._prev[cid], self._prev_path(cid))
         self._prev[cid] = _SPILLED
         self.memory_bytes -= self._prev_bytes.pop(cid)
 
@@ -186,12 +200,16 @@ class ClientStateStore:
             self._spilled.discard(cid)
             self._unlink(self._path(cid))
 
-    @staticmethod
-    def _unlink(path: Path) -> None:
+    def _unlink(self, path: Path) -> None:
+        self._sums.pop(path.name, None)
         try:
             path.unlink()
         except OSError:
             pass
+
+    def _rename(self, src: Path, dst: Path) -> None:
+        os.replace(src, dst)  # renames the entry itself (a link is never followed)
+        self._sums[dst.name] = self._sums.pop(src.name, ("", -1))
 
     def clear(self) -> None:
         """Drop every state and the spill directory (scratch space: checkpoints hold the states)."""
@@ -200,6 +218,7 @@ class ClientStateStore:
         self._spilled.clear()
         self._prev.clear()
         self._prev_bytes.clear()
+        self._sums.clear()
         self.memory_bytes = 0
         if self.spill_dir is not None:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
@@ -212,35 +231,59 @@ class ClientStateStore:
         return self.spill_dir / f"{int(cid)}.previous.pt"
 
     def _spill(self, cid: int) -> None:
-        self._write(self._memory[cid], self._path(cid))
+        self._write(cid, self._memory[cid], self._path(cid))
         del self._memory[cid]
         self.memory_bytes -= self._bytes.pop(cid)
         self._spilled.add(cid)
 
-    def _write(self, state: Any, target: Path) -> None:
+    def _write(self, cid: int, state: Any, target: Path) -> None:
         tmp = None
         try:
-            self.spill_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=self.spill_dir)
+            data = _serialise(cid, state)
+            self.spill_dir.parent.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.spill_dir)  # a real directory: a client_state link planted there is refused
+            fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=self.spill_dir)  # O_EXCL: a new file
             with os.fdopen(fd, "wb") as f:
-                _write_state(state, f)
+                _write_state(data, f)
             os.replace(tmp, target)
-        except OSError as exc:
-            if tmp and os.path.exists(tmp):
+        except RunFileError:
+            raise
+        except (OSError, RuntimeError) as exc:  # RuntimeError: torch's writer reports a full disk this way
+            if tmp and os.path.lexists(tmp):
                 os.unlink(tmp)
+            reason = getattr(exc, "strerror", None) or (str(exc).splitlines()[0][:200] if str(exc) else
+                                                        type(exc).__name__)
             raise CheckpointError(
-                f"cannot spill client state to {self.spill_dir}: {exc.strerror or exc}; the run's last checkpoint "
-                f"is intact (free disk space or raise clients.state_memory, then resume the run)") from exc
+                f"cannot spill client state to {self.spill_dir}: {reason}; the run's last checkpoint "
+                f"is intact (free disk space or raise clients.state_memory, then resume the run)") from None
+        self._sums[target.name] = (hashlib.sha256(data).hexdigest(), len(data))
         self.spills += 1
 
     def _read(self, cid: int) -> Any:
         path = self._path(cid)
+        digest, size = self._sums.get(path.name, ("", -1))
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            data = read_regular(path, max(size, 0))
+        except RunFileError as exc:
+            raise CheckpointError(f"spilled client state {path} was replaced after pflkit wrote it ({exc}); resume "
+                                  f"the run from its last checkpoint") from None
+        except OSError as exc:
+            raise CheckpointError(f"spilled client state {path} cannot be read back ({exc.strerror or exc}); resume "
+                                  f"the run from its last checkpoint") from None
+        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+            raise CheckpointError(f"spilled client state {path} is not the file pflkit wrote for client {cid} "
+                                  f"(checksum mismatch: swapped, copied over or edited); resume the run from its "
+                                  f"last checkpoint")
+        try:
+            doc = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:
             raise CheckpointError(f"spilled client state {path} cannot be read back ({type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); resume the run from its "
-                                  f"last checkpoint") from exc
+                                  f"last checkpoint") from None
+        if not isinstance(doc, dict) or doc.get("client") != cid or "state" not in doc:
+            raise CheckpointError(f"spilled client state {path} does not hold client {cid}'s state (wrong structure "
+                                  f"or another client's); resume the run from its last checkpoint")
+        return doc["state"]
 
 
 class TrainerPool:
@@ -262,8 +305,9 @@ class TrainerPool:
 
     def _ensure(self, cid: int) -> Any:
         if self.trainer is None:
-            self.trainer = self._build(cid)
-            self.initial = self.trainer.client_state()
+            trainer = self._build(cid)
+            self.initial = trainer.client_state()  # set together: a raising client_state() leaves no half pool
+            self.trainer = trainer
         return self.trainer
 
     def state_of(self, cid: int) -> Any:
@@ -277,6 +321,9 @@ class TrainerPool:
         return state
 
     def bind(self, cid: int) -> Any:
+        """Swap ``cid`` in; when the trainer's ``load_client_state`` raises, the backend counts the client as failed
+        (``failures.*``) and the stored state stays as it was."""
+        self.bound = None
         trainer = self._ensure(cid)
         trainer.ctx = self._context_of(cid)
         state = self.store.get(cid)

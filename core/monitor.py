@@ -1,5 +1,5 @@
 """Run monitoring: TensorBoard event files plus a JSON-lines record of the same scalars; per-round progress on the
-console and in ``run.log``."""
+console and in ``run.log``. Every file here is opened without following a link (``safefiles``)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
 import numpy as np
+
+from .safefiles import check_tree, ensure_dir, open_append, open_read, write_atomic
 
 
 def _round_of(line: str) -> Optional[int]:
@@ -42,16 +44,19 @@ class RunLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
                 purge = None if resume_from_round is None else resume_from_round + 1
-                self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge)
+                tb = ensure_dir(self.run_dir / "tb")  # a real directory, not a link planted there
+                check_tree(tb)
+                self.writer = SummaryWriter(log_dir=str(tb), purge_step=purge)
             except ImportError:  # tensorboard is a dependency, but keep runs going without it
                 self.writer = None
 
     def _truncate_jsonl(self, last_round: int) -> None:
-        if not self.jsonl_path.exists():
+        if not self.jsonl_path.exists() and not self.jsonl_path.is_symlink():
             return
-        kept = [ln for ln in self.jsonl_path.read_text(encoding="utf-8", errors="replace").splitlines()
-                if _round_of(ln) is not None and _round_of(ln) <= last_round]
-        self.jsonl_path.write_text("".join(ln + "\n" for ln in kept))
+        with open_read(self.jsonl_path) as f:  # never through a link; rewritten via a temporary file
+            kept = [ln for ln in (raw.decode("utf-8", errors="replace").rstrip("\r\n") for raw in f)
+                    if _round_of(ln) is not None and _round_of(ln) <= last_round]
+        write_atomic(self.jsonl_path, "".join(ln + "\n" for ln in kept))
 
     def set_step(self, step: int) -> None:
         self.step = step
@@ -93,7 +98,7 @@ class RunLogger:
 
     def end_round(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         record = {"round": self.step, **self._pending, **(extra or {})}
-        with self.jsonl_path.open("a") as f:
+        with open_append(self.jsonl_path) as f:
             f.write(json.dumps(record) + "\n")
         self._pending = {}
         if self.writer is not None:
@@ -138,7 +143,7 @@ class _RunLogHandler(logging.Handler):
 
 def append_run_log(run_dir: Path, text: str) -> None:
     """Add one time-stamped line to ``RUN_DIR/run.log`` (e.g. a warning issued before the run loop starts)."""
-    with (Path(run_dir) / RUN_LOG_NAME).open("a", encoding="utf-8") as f:
+    with open_append(Path(run_dir) / RUN_LOG_NAME) as f:
         f.write(f"{datetime.now():%Y-%m-%d %H:%M:%S} {text}\n")
 
 
@@ -163,9 +168,10 @@ class RoundReporter:
         self.lines = console and (not _isatty(sys.stdout) or not _isatty(sys.stderr))
         self._stack = contextlib.ExitStack()
         self._file = None
+        self._bar_in_setup = False  # the bar counts set-up steps (setup_step) until setup_finished
 
     def __enter__(self) -> "RoundReporter":
-        self._file = (self.run_dir / RUN_LOG_NAME).open("a", encoding="utf-8")
+        self._file = open_append(self.run_dir / RUN_LOG_NAME)
         self._stack.callback(self._file.close)
         handler = _RunLogHandler(self)
         root = logging.getLogger()
@@ -200,6 +206,33 @@ class RoundReporter:
     def note(self, text: str) -> None:
         """A line for run.log only (run start, resume, end)."""
         self.write_log(text)
+
+    def setup_step(self, text: str, done: Optional[int] = None, total: Optional[int] = None) -> None:
+        """One resumable set-up step (round 0: e.g. a block of pre-training steps and its losses): a line in
+        run.log and on the console; with ``done``/``total`` the bar counts set-up units until the rounds start."""
+        line = f"set-up: {text}"
+        self.write_log(line)
+        if not self.console:
+            return
+        if self.bar is not None:
+            if done is not None and total:
+                if not self._bar_in_setup:  # the rounds' bar counts set-up until it ends
+                    self._bar_in_setup = True
+                    self.bar.reset(total=total)
+                    self.bar.set_description(f"{self.desc} set-up")
+                self.bar.n = done
+                self.bar.refresh()
+            self.bar.write(line, file=sys.stdout if self.lines else sys.stderr)
+        else:
+            print(line, file=sys.stdout, flush=True)
+
+    def setup_finished(self) -> None:
+        """Set-up is over: the bar counts rounds again."""
+        if self.bar is not None and self._bar_in_setup:
+            self._bar_in_setup = False
+            self.bar.reset(total=self.total)
+            self.bar.update(self.initial)
+            self.bar.set_description(self.desc)
 
     def round(self, record: Dict[str, Any], seconds: float, postfix: Dict[str, str]) -> None:
         line = round_line(record, self.total, self.metric, seconds)

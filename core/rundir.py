@@ -2,7 +2,8 @@
 
 The lock is ``fcntl.flock`` on ``RUN_DIR/.lock``: the kernel releases it when the holding process exits, however
 it exits (even SIGKILL), so a stale lock file never blocks a later run. The file records who holds it, for the
-message a second process gets. Platforms without ``fcntl`` run without the lock.
+message a second process gets; it is opened without following a link (a ``.lock`` link planted in a shared run
+directory is refused, its target left untouched). Platforms without ``fcntl`` run without the lock.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import CheckpointError
+from .safefiles import RunFileError, open_rw
 
 try:
     import fcntl
@@ -34,7 +36,9 @@ class RunDirLock:
         if fcntl is None or self._fd is not None:
             return self
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_rw(self.path)  # never through a link: the lock file is truncated and written below
+        except RunFileError:
+            raise
         except OSError as exc:
             raise CheckpointError(f"cannot create the lock file {self.path}: {exc.strerror or exc}") from exc
         try:

@@ -162,6 +162,6 @@ def append(run_dir: Path, entry: Dict[str, Any]) -> None:
     """Add ``entry`` to ``run_info.json`` (written to a temporary file first, so a kill never leaves half a file)."""
     path = Path(run_dir) / RUN_INFO_NAME
     entries = read(run_dir) + [entry]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"entries": entries}, indent=2))
-    os.replace(tmp, path)
+    from .safefiles import write_atomic  # never through a link planted in the run directory
+
+    write_atomic(path, json.dumps({"entries": entries}, indent=2))

@@ -31,7 +31,9 @@ from .errors import CheckpointError
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_FIX = "remove it (pflkit writes only its own regular files there) and try again"
+_FIX = "remove it (pflkit writes only its own files and folders in a run directory) and try again"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once: rewritten files get the permissions a plain open() would give them
 
 
 class RunFileError(CheckpointError):
@@ -53,7 +55,7 @@ def _kind(mode: int) -> str:
 
 
 def refused(path: Union[str, Path], what: str) -> RunFileError:
-    return RunFileError(f"{path} is {what}, not a file pflkit wrote; refused: {_FIX}")
+    return RunFileError(f"{path} is {what}, not pflkit's own file or folder; refused: {_FIX}")
 
 
 def _open(path: Path, flags: int, mode: int = 0o644) -> int:
@@ -120,9 +122,8 @@ def write_atomic(path: Union[str, Path], data: Union[bytes, str]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; run directories are shared
             f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -170,7 +171,7 @@ def read_regular(path: Union[str, Path], limit: int) -> bytes:
     with open_read(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limit:
-            raise RunFileError(f"{path} holds {size} bytes, more than the {limit} pflkit reads from such a file; "
+            raise RunFileError(f"{path} holds {size} bytes, more than the {limit} bytes pflkit reads from such a file; "
                                f"refused")
         data = f.read(limit + 1)
     if len(data) > limit:  # grew while being read

@@ -200,7 +200,7 @@ def test_budget_spills_states_to_disk_with_the_same_numbers(tmp_path):
     files = sorted((tmp_path / "disk" / "client_state").glob("*.pt"))
     assert len(files) == store.spilled
     data = torch.load(files[0], weights_only=True)  # plain tensors and containers: no code in the file
-    assert set(data) == {"model", "personal"}
+    assert set(data) == {"client", "state"} and set(data["state"]) == {"model", "personal"}  # the id is checked on read
     for cid in unlimited.client_ids:
         for k, v in unlimited.backend.get_state(cid)["personal"].items():
             assert torch.equal(spilled.backend.get_state(cid)["personal"][k], v)
