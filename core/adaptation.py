@@ -63,7 +63,8 @@ def settings_from_config(cfg: Mapping[str, Any]) -> Optional[AdaptationSettings]
     mode = ev.get("adapt", "never")
     steps, epochs = ev.get("adapt_steps"), ev.get("adapt_epochs")
     if steps is not None and epochs is not None:
-        raise ConfigError(f"eval.adapt_steps ({steps}) and eval.adapt_epochs ({epochs}) both set: give one of them")
+        raise ConfigError(f"eval.adapt_steps ({steps}) and eval.adapt_epochs ({epochs}) are both set: give one of "
+                          f"them (an algorithm's defaults may set one; clear it with e.g. --set eval.adapt_epochs=null)")
     if mode == "never":
         return None
     if steps is None and epochs is None:
