@@ -42,6 +42,7 @@ import numpy as np
 from .checkpoint import CHECKPOINT_NAME
 from .config import parse_sets, resolve, to_plain
 from .errors import CheckpointError, ConfigError
+from .rundata import read_config, read_records, read_summary
 
 log = logging.getLogger("pflkit")
 
@@ -57,20 +58,41 @@ def _mean_std(values: Sequence[float]) -> Dict[str, float]:
 
 def _read_curve(run_dir: Path, metric: str) -> Tuple[Dict[str, List[float]], float]:
     """Evaluated rounds and their uniform / weighted metric from a run's ``metrics.jsonl``, and the seconds the
-    run spent in its rounds (training + evaluation, as logged per round)."""
+    run spent in its rounds (training + evaluation, as logged per round). The file is read as untrusted data
+    (``rundata.read_records``: bounded, regular files only, strict JSON); a value that is not a number counts as
+    absent."""
     rounds, uniform, weighted = [], [], []
     seconds = 0.0
-    path = run_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        seconds += float(row.get("round_seconds", 0.0)) + float(row.get("eval_seconds", 0.0))
-        if f"{metric}/uniform" in row:
-            rounds.append(int(row["round"]))
-            uniform.append(float(row[f"{metric}/uniform"]))
-            weighted.append(float(row.get(f"{metric}/weighted", math.nan)))
+    for row in read_records(run_dir / "metrics.jsonl"):
+        seconds += _finite(row.get("round_seconds"), 0.0) + _finite(row.get("eval_seconds"), 0.0)
+        value = _finite(row.get(f"{metric}/uniform"), None)
+        if value is not None:
+            rounds.append(row["round"])
+            uniform.append(value)
+            weighted.append(_finite(row.get(f"{metric}/weighted"), math.nan))
     return {"rounds": rounds, "uniform": uniform, "weighted": weighted}, seconds
+
+
+def _finite(value: Any, default: Any) -> Any:
+    """``value`` as a float when it is a finite number, else ``default``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            value = float(value)
+        except OverflowError:
+            return default
+        if math.isfinite(value):
+            return value
+    return default
+
+
+# what a reused finished run's summary must hold (read by _run_record)
+_REUSED_FIELDS = ("metric", "rounds_completed", "final.uniform", "final.weighted", "final.k", "best.uniform",
+                  "best.round", "bytes_up_total")
+
+
+def _has(summary: Mapping[str, Any], dotted: str) -> bool:
+    head, _, tail = dotted.partition(".")
+    return head in summary and (not tail or (isinstance(summary[head], dict) and tail in summary[head]))
 
 
 def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Optional[str]:
@@ -79,17 +101,17 @@ def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Optional[str]:
     if not run_dir.exists():
         return None
     try:
-        same_config = json.loads((run_dir / "config.json").read_text()) == to_plain(cfg)
-    except (OSError, json.JSONDecodeError):
+        same_config = read_config(run_dir) == to_plain(cfg)
+    except CheckpointError:
         same_config = False
-    summary = None
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        pass
+    summary = read_summary(run_dir) if same_config else None  # a damaged summary is one line naming it
     if same_config:
         if summary is not None and not summary.get("interrupted") \
                 and summary.get("rounds_completed") == cfg["rounds"]:
+            missing = [k for k in _REUSED_FIELDS if not _has(summary, k)]
+            if missing:
+                raise CheckpointError(f"{run_dir / 'summary.json'} lacks '{missing[0]}', which a finished run's "
+                                      f"summary has; the file is damaged: remove {run_dir} to run it again")
             return "finished"
         if (run_dir / CHECKPOINT_NAME).exists():
             return "resume"
@@ -205,12 +227,13 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 def _execute(cfg: Any, run_dir: Path, state: Optional[str], progress: bool) -> Dict[str, Any]:
-    """Run (state None) or resume (state 'resume') one run; its summary."""
+    """Run (state None) or resume (state 'resume') one run; its summary. Each run logs to TensorBoard in its own
+    ``tb/`` (``tensorboard --logdir OUT/runs`` shows every run of the comparison side by side)."""
     from .simulation import Simulation
 
     if state == "resume":
-        return Simulation.resume(run_dir, tensorboard=False, progress=progress).run()
-    return Simulation(cfg, run_dir=run_dir, tensorboard=False, progress=progress).run()
+        return Simulation.resume(run_dir, progress=progress).run()
+    return Simulation(cfg, run_dir=run_dir, progress=progress).run()
 
 
 def _reason(exc: BaseException) -> str:
@@ -273,22 +296,13 @@ def _run_parallel(pending: Sequence[Tuple[Entry, int, Any, Path, Optional[str]]]
 
 def _logged_rounds(run_dir: Path) -> Tuple[int, int]:
     """The last round a run's ``metrics.jsonl`` records and the client replies rejected in its rounds (for a
-    failed run, which has no summary)."""
-    last, rejected = 0, 0
-    path = run_dir / "metrics.jsonl"
+    failed run, which has no summary); an unreadable log counts as no round."""
     try:
-        lines = path.read_text().splitlines() if path.exists() else []
-    except OSError:
-        lines = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:  # a half-written last line of a killed run
-            continue
-        if isinstance(row, dict):
-            last = max(last, int(row.get("round", 0)))
-            rejected += int(row.get("client_failures", 0))
-    return last, rejected
+        rows = read_records(run_dir / "metrics.jsonl")
+    except CheckpointError:
+        return 0, 0
+    rejected = sum(int(_finite(row.get("client_failures"), 0.0)) for row in rows)
+    return (rows[-1]["round"] if rows else 0), rejected
 
 
 def _status_text(value: Optional[float], metric: str) -> str:
@@ -363,7 +377,7 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
     for entry, seed, _, run_dir, state in tasks:
         if state == "finished":
             log.info("compare: reusing the finished run in %s", run_dir)
-            summaries[run_dir] = json.loads((run_dir / "summary.json").read_text())
+            summaries[run_dir] = read_summary(run_dir)
             finished(run_dir)
     if jobs == 1 or len(pending) <= 1:
         with _one_torch_thread():
@@ -529,6 +543,8 @@ def plot_curves(results: Mapping[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    from .runplot import band_alpha, legend_outside
+
     metric = results["metric"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, key in zip(axes, ("uniform", "weighted")):
@@ -541,16 +557,18 @@ def plot_curves(results: Mapping[str, Any], path: Path) -> None:
             line, = ax.plot(rounds, mean, marker="o" if len(rounds) < 15 else None, markersize=3,
                             linestyle=("-", "--", "-.", ":")[i % 4], label=f"{algo} (n={len(runs)})")
             if len(runs) > 1:
-                ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+                ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), linewidth=0,
+                                alpha=band_alpha(len(results["algorithms"])))
         ax.set_title(f"test {metric}, " + ("mean over clients" if key == "uniform" else "pooled over test samples"))
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(metric)
-    if axes[0].get_legend_handles_labels()[0]:  # no finished run: nothing to label
-        axes[0].legend(loc="best", fontsize=8)
+    legend_outside(axes[0], fontsize=8)  # below the axes, never over a curve (nothing when no run finished)
     fig.suptitle(f"{results['dataset']}: mean over seeds {', '.join(map(str, results['seeds']))} "
                  f"(band: std)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)

@@ -16,9 +16,10 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from easydict import EasyDict
 
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, PflError, did_you_mean
 from .params import (Param, ParamSpec, non_negative, open_unit_interval, parse_value, plain_name, positive,
-                     ratio_range, seed_range)
+                     ratio_range, seed_range, thread_count)
+from . import strictjson
 from . import adaptation, compose
 from . import registry as reg
 
@@ -39,7 +40,7 @@ CORE_SCHEMA: Dict[str, Any] = {
     "device": Param("auto", "torch device: auto (cuda when available), cpu, cuda, cuda:N"),
     "threads": Param(None, "torch CPU threads of the run (results depend on it); null: the process's setting -- the fl "
                            "command sets 1 unless OMP_NUM_THREADS is set, fastest on a shared machine (README)",
-                     type=int, check=positive),
+                     type=int, check=thread_count),
     "output_dir": Param("runs", "folder that receives one sub-folder per run"),
     "run_name": Param(None, "run sub-folder name, a plain folder name (default: <algorithm>-<dataset>-<timestamp>)",
                       type=str, check=plain_name),
@@ -168,7 +169,10 @@ def parse_sets(items: Iterable[str]) -> Dict[str, Any]:
             if not isinstance(nxt, dict):
                 raise ConfigError(f"--set {key}: '{p}' is set both as a value and as a section")
             node = nxt
-        node[parts[-1]] = parse_value(text)
+        try:
+            node[parts[-1]] = parse_value(text)
+        except strictjson.StrictJSONError as exc:
+            raise ConfigError(f"--set {key}: the value is refused: {exc}") from None
     return out
 
 
@@ -186,13 +190,14 @@ def load_file(path: str | Path) -> Dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {exc.strerror or exc}") from None
     try:
         if p.suffix == ".json":
-            data = json.loads(text)
+            data = strictjson.loads(text)  # a key given twice is refused, not silently the last one
         else:
             if sys.version_info >= (3, 11):
                 import tomllib
             else:  # pragma: no cover
                 import tomli as tomllib
-            data = tomllib.loads(text)
+            data = tomllib.loads(text)  # TOML itself refuses a key given twice
+            strictjson.check_depth(data)
     except Exception as exc:
         raise ConfigError(f"config file {str(p)!r} cannot be parsed: {exc}") from exc
     if not isinstance(data, dict):
@@ -314,13 +319,18 @@ def _partition_from(user: Dict[str, Any]) -> Dict[str, Any]:
     return {**user, "partition": part}
 
 
+PARTITION_LIMIT = 1 << 30  # bytes of a partition file read (about 100 million sample indices)
+
+
 def _clients_in_split(path: str) -> Optional[int]:
     """Number of clients in a saved split (a run directory means its partition.json); None when unreadable."""
     p = Path(path).expanduser()
     p = p / "partition.json" if p.is_dir() else p
     try:
-        clients = json.loads(p.read_text(encoding="utf-8")).get("clients")
-    except (OSError, ValueError, AttributeError):
+        from .safefiles import read_regular  # a FIFO or device there must not hang or fill memory
+
+        clients = strictjson.loads(read_regular(p, PARTITION_LIMIT).decode("utf-8")).get("clients")
+    except (OSError, ValueError, AttributeError, PflError):  # the partitioner reports it in one line
         return None
     return len(clients) if isinstance(clients, list) and clients else None
 

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+from . import strictjson
 from .errors import ConfigError
 
 
@@ -49,19 +50,35 @@ class Param:
             value = tuple(value)
         elif expected is list and isinstance(value, tuple):
             value = list(value)
-        if expected is not None and not (isinstance(value, expected) and
-                                         not (expected is int and isinstance(value, bool))):
-            raise ConfigError(f"{key}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+        if expected in (int, float) and isinstance(value, str) and _non_finite_text(value) is not None:
+            value = _non_finite_text(value)  # --set train.lr=inf: the finite-number message, not a type error
+        elif expected is not None and not (isinstance(value, expected) and
+                                           not (expected is int and isinstance(value, bool))):
+            raise ConfigError(f"{key}: expected {expected.__name__}, got {type(value).__name__} {short_repr(value)}")
         bad = _first_non_finite(value)
         if bad is not None:
             raise ConfigError(f"{key}: {bad!r} is invalid: must be a finite number")
         if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, self.choices))}")
+            raise ConfigError(f"{key}: {short_repr(value)} is not one of {', '.join(map(repr, self.choices))}")
         if self.check is not None:
             reason = self.check(value)
             if reason:
-                raise ConfigError(f"{key}: {value!r} is invalid: {reason}")
+                raise ConfigError(f"{key}: {short_repr(value)} is invalid: {reason}")
         return value
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error message stays one readable line whatever was given
+    (a 10 MB run_name)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _non_finite_text(text: str) -> Optional[float]:
+    """``inf``, ``-Infinity``, ``nan`` ... as the float they name (JSON has no literal for them); else None."""
+    if text.strip().lower().lstrip("+-") not in ("inf", "infinity", "nan"):
+        return None
+    return float(text)
 
 
 def _first_non_finite(value: Any) -> Optional[float]:
@@ -107,6 +124,13 @@ def ratio_range(v: Sequence[float]) -> Optional[str]:
     return None
 
 
+MAX_THREADS = 1024
+
+
+def thread_count(v: Any) -> Optional[str]:
+    return None if 0 < v <= MAX_THREADS else f"must lie in [1, {MAX_THREADS}]"
+
+
 SEED_LIMIT = 2 ** 63
 
 
@@ -114,11 +138,24 @@ def seed_range(v: Any) -> Optional[str]:
     return None if 0 <= v < SEED_LIMIT else "must lie in [0, 2**63)"
 
 
+NAME_BYTES = 255  # the longest file name most filesystems allow (NAME_MAX)
+
+
 def plain_name(v: Any) -> Optional[str]:
-    """A single path component: no separators, not '.', '..' or absolute (run directories stay in output_dir)."""
+    """A single path component: no separators, not '.', '..' or absolute (run directories stay in output_dir);
+    printable UTF-8 of at most NAME_BYTES bytes (a newline or a control character in a folder name breaks every
+    listing and log line that shows it)."""
     text = str(v)
     if not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text or text.startswith("~"):
         return "must be a plain folder name (no '/', '\\', '..', '~', not absolute)"
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # undecodable bytes from the command line (surrogate escapes)
+        return "must be UTF-8 text (the name holds bytes that are not)"
+    if size > NAME_BYTES:
+        return f"must be at most {NAME_BYTES} bytes long (it has {size})"
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text):
+        return "must not contain a newline, tab or other control character"
     return None
 
 
@@ -126,10 +163,13 @@ def parse_value(text: str) -> Any:
     """Parse a ``--set`` value: JSON literals (numbers, true/false/null, lists, objects), else the raw string.
 
     ``none`` stays a string here (it can be a legitimate option value, e.g. ``aggregator.name=none``);
-    ``Param.validate`` reads it as null for keys that accept null.
+    ``Param.validate`` reads it as null for keys that accept null. JSON with a duplicate key or nested too deeply
+    is a StrictJSONError (``strictjson``), not a string.
     """
     try:
-        return json.loads(text)
+        return strictjson.loads(text)
+    except strictjson.StrictJSONError:
+        raise
     except (json.JSONDecodeError, ValueError):
         low = text.strip().lower()
         if low in ("true", "false"):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Iterable, List
 
-from .errors import PluginError, unknown_name  # noqa: F401 (re-exported)
+from .errors import PluginError, UnknownNameError, unknown_name  # noqa: F401 (re-exported)
 
 try:  # the backport has the same API on every Python version we support
     import importlib_metadata as metadata
@@ -128,9 +128,9 @@ class Registry:
             claimants = ", ".join(f"'{e.dist}' ({e.target})" for e in self._conflicts[name])
             raise PluginError(f"{self.kind} '{name}' is claimed by several distributions: {claimants}. "
                               f"Uninstall all but one of them.")
-        entry = self._entries.get(name)
+        entry = self._entries.get(name) if isinstance(name, str) else None
         if entry is None:
-            raise unknown_name(self.kind, name, self.names())
+            raise unknown_name_of_any_length(self.kind, name, self.names())
         if not entry.loaded:
             try:
                 entry.obj = entry._ep.load()  # type: ignore[attr-defined]
@@ -167,6 +167,20 @@ ALL_REGISTRIES: Dict[str, Registry] = {
     "datasets": DATASETS, "partitioners": PARTITIONERS, "models": MODELS,
     "trainers": TRAINERS, "aggregators": AGGREGATORS, "algorithms": ALGORITHMS,
 }
+
+
+NAME_LIMIT = 100  # characters shown of a name that no registry knows (a 300-character --plugin stays one line)
+
+
+def unknown_name_of_any_length(kind: str, name: Any, options: Iterable[str]) -> UnknownNameError:
+    """``unknown_name``, with a name longer than NAME_LIMIT (or not text) cut short in the message and no
+    did-you-mean search (difflib is quadratic in the name's length)."""
+    text = str(name)
+    if len(text) <= NAME_LIMIT:
+        return unknown_name(kind, text, options)
+    opts = sorted(options)
+    return UnknownNameError(f"unknown {kind} '{text[:40]}...' ({len(text)} characters; names are short). "
+                            f"Available: {', '.join(opts) if opts else '(none installed)'}")
 
 
 def refresh_all() -> None:

@@ -1,12 +1,18 @@
 """Curves of existing run directories (``fl plot``): the task metric per evaluated round, uniform (mean over
-clients) and weighted (pooled over test samples), with the across-client spread as a band, and the losses."""
+clients) and weighted (pooled over test samples), with the across-client spread as a band, and the losses.
+
+Legends sit below the axes, never over the curves. Bands get lighter as runs are added (``band_alpha``)
+and each band's edges are drawn as thin lines of its run's colour, so overlapping bands of many runs stay
+distinguishable instead of adding up to one grey area.
+"""
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .errors import ConfigError
-from .rundata import RunData
+from .rundata import RunData, write_output
 
 # band name -> the per-round record keys (suffixes of ``<metric>/``) of its lower and upper edge
 BANDS = {"p10-p90": ("p10", "p90"), "min-max": ("min", "max"), "std": ("std", "std"), "none": None}
@@ -24,6 +30,33 @@ def _band(run: RunData, metric: str, band: str):
     if band == "std":  # mean +- std over clients
         return rounds, [mean[r] - lo[r] for r in rounds], [mean[r] + hi[r] for r in rounds]
     return rounds, [lo[r] for r in rounds], [hi[r] for r in rounds]
+
+
+def band_alpha(n_bands: int) -> float:
+    """Fill opacity of one band when ``n_bands`` are drawn: 0.2 alone, down to 0.04 (eight or more overlapping
+    bands at 0.2 would cover the axes)."""
+    return max(0.04, 0.2 / max(1, n_bands) ** 0.75)
+
+
+def legend_outside(ax: Any, fontsize: int = 7) -> None:
+    """The axes' legend below them, outside the plotted area (the figure is saved with ``bbox_inches='tight'``,
+    which makes room for it); below rather than beside, so that side-by-side axes do not cover each other."""
+    labels = ax.get_legend_handles_labels()[1]
+    if labels:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), borderaxespad=0.0, fontsize=fontsize,
+                  ncol=1 if max(map(len, labels)) > 60 else 2, frameon=False)
+
+
+def save_figure(fig: Any, path: Path, option: str = "--out") -> None:
+    """Render ``fig`` in memory (format from the extension), then write it whole: an unknown extension, a device
+    such as /dev/full or a full disk is one line and leaves no half-written image."""
+    fmt = path.suffix[1:].lower() or "png"
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=fmt, dpi=120, bbox_inches="tight")
+    except ValueError as exc:  # unknown extension
+        raise ConfigError(f"{option} {path}: {str(exc).splitlines()[0]}") from None
+    write_output(path, buf.getvalue(), option)
 
 
 def plot_runs(runs: Sequence[RunData], path: Path, band: str = "p10-p90") -> int:
@@ -48,6 +81,7 @@ def plot_runs(runs: Sequence[RunData], path: Path, band: str = "p10-p90") -> int
         raise ConfigError(f"no run has an evaluated round yet ({metric}/uniform is in no metrics.jsonl record)")
     fig, (ax_m, ax_l) = plt.subplots(1, 2, figsize=(12, 4.4))
     drawn = 0
+    alpha = band_alpha(sum(bool(_band(r, metric, band)[0]) for r in runs))
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
         uniform = run.series(f"{metric}/uniform")
@@ -62,7 +96,9 @@ def plot_runs(runs: Sequence[RunData], path: Path, band: str = "p10-p90") -> int
             ax_m.plot(xs, ys, color=color, linestyle="--", label=f"{run.label} weighted")
         rounds, lo, hi = _band(run, metric, band)
         if rounds:
-            ax_m.fill_between(rounds, lo, hi, color=color, alpha=0.15, linewidth=0)
+            ax_m.fill_between(rounds, lo, hi, color=color, alpha=alpha, linewidth=0)
+            for edge in (lo, hi):  # the band's own edges: which band is whose stays visible where they overlap
+                ax_m.plot(rounds, edge, color=color, linewidth=0.5, alpha=0.6)
         for key, style in (("train_loss", "-"), ("test_loss/uniform", ":")):
             points = run.series(key)
             if points:
@@ -80,15 +116,10 @@ def plot_runs(runs: Sequence[RunData], path: Path, band: str = "p10-p90") -> int
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best", fontsize=7)
+        legend_outside(ax)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=120)
-    except ValueError as exc:  # unknown extension
-        raise ConfigError(f"--out {path}: {str(exc).splitlines()[0]}") from None
-    except OSError as exc:
-        raise ConfigError(f"--out {path}: cannot write ({exc.strerror or exc})") from None
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return drawn

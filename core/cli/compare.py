@@ -103,7 +103,8 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
                              algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line))
     click.echo(Path(results["files"]["markdown"]).read_text())
     click.echo(f"table: {results['files']['markdown']}  (json: {results['files']['json']})\n"
-               f"curves: {results['files']['plot']}")
+               f"curves: {results['files']['plot']}\n"
+               f"watch in TensorBoard: tensorboard --logdir {Path(out_dir) / 'runs'}")
     missing = results["not_in_table"]
     if missing:
         failed = sum(r["status"] == "failed" for r in missing)

@@ -1,6 +1,8 @@
 """``fl list`` and ``fl show``: what is installed, and what each algorithm's options mean."""
 from __future__ import annotations
 
+import shutil
+import sys
 from typing import Any, Dict, Optional
 
 import click
@@ -12,11 +14,30 @@ from ..params import Param
 from .common import friendly_errors
 
 
+NON_TERMINAL_WIDTH = 100  # characters per line of ``fl list`` when its output is not a terminal
+
+
+def line_width() -> int:
+    """The terminal's width, or NON_TERMINAL_WIDTH when the output is a pipe or file."""
+    if sys.stdout.isatty():
+        return max(40, shutil.get_terminal_size((NON_TERMINAL_WIDTH, 24)).columns)
+    return NON_TERMINAL_WIDTH
+
+
+def fit(line: str, width: int) -> str:
+    """``line`` cut to ``width`` characters, ending in '...' when cut (``fl show NAME`` has the whole text)."""
+    return line if len(line) <= width else line[:width - 3].rstrip() + "..."
+
+
 @click.command("list")
 @click.argument("kind", required=False, type=click.Choice(sorted(reg.ALL_REGISTRIES)))
 def list_command(kind: Optional[str]) -> None:
-    """List every discovered plugin with its distribution and version; report plugins that fail to load."""
+    """List every discovered plugin with its distribution and version; report plugins that fail to load.
+
+    Each line is cut to the terminal's width (100 characters when the output is not a terminal); fl show NAME
+    prints a component's whole description."""
     kinds = [kind] if kind else list(reg.ALL_REGISTRIES)
+    width = line_width()
     failures = []
     for k in kinds:
         registry = reg.ALL_REGISTRIES[k]
@@ -25,10 +46,10 @@ def list_command(kind: Optional[str]) -> None:
         for entry in registry.entries():
             if entry.name in {f.name for f in registry.failures()}:
                 continue
-            click.echo(f"  {entry.name:<16} {entry.dist} {entry.version:<8} {reg.describe(entry.obj)}")
+            click.echo(fit(f"  {entry.name:<16} {entry.dist} {entry.version:<8} {reg.describe(entry.obj)}", width))
         for name, claimants in registry.conflicts().items():
             who = ", ".join(f"{e.dist} {e.version}" for e in claimants)
-            click.echo(f"  {name:<16} CONFLICT: claimed by {who}")
+            click.echo(fit(f"  {name:<16} CONFLICT: claimed by {who}", width))
     if failures:
         click.echo("\nplugins that failed to load (the others above work):", err=True)
         for f in failures:
@@ -111,4 +132,4 @@ def show_command(name: str) -> None:
             click.echo("\n".join(lines) if lines else "  (no options)")
             return
     every = sorted({n for r in reg.ALL_REGISTRIES.values() for n in r.names()} | {"core"})
-    raise reg.unknown_name("plugin or component", name, every)
+    raise reg.unknown_name_of_any_length("plugin or component", name, every)
