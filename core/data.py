@@ -1,6 +1,7 @@
 """From a dataset to per-client tensors: load, partition, split per client, move to the device once."""
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 from dataclasses import dataclass, field
@@ -129,13 +130,22 @@ class FederatedData:
         for c, s in zip(doc["clients"], self.splits):
             c["train_indices"] = s.train.tolist()
             c["test_indices"] = s.test.tolist()
-        path.write_text(json.dumps(doc))
+        from .safefiles import write_atomic  # never through a link planted in the run directory
+
+        write_atomic(path, json.dumps(doc))
+
+    def fingerprint(self) -> str:
+        """SHA-256 of every client's train and test indices, in client order (what a checkpoint's results rest on:
+        a resumed run checks its partition.json against the one the checkpoint was computed with)."""
+        return partition_fingerprint(self.splits)
 
     @staticmethod
     def load_splits(path: Path) -> List[ClientSplit]:
         """Read a saved partition as data (a damaged file is one clear error; indices are checked on use)."""
+        from .safefiles import read_regular
+
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            doc = json.loads(read_regular(path, _MAX_PARTITION_BYTES).decode("utf-8"))
             splits = [ClientSplit(_index_array(c["train_indices"]), _index_array(c["test_indices"]))
                       for c in doc["clients"]]
         except (ValueError, TypeError, KeyError, OSError) as exc:
@@ -163,6 +173,42 @@ class FederatedData:
             if len(s.train) < 2:
                 raise DataError(f"{source}: client {cid} has {len(s.train)} training samples, it needs at least 2 "
                                 f"(lower split.test_ratio or give the client more data)")
+        if disjoint:
+            check_no_shared_samples(self.splits, source)
+
+
+def check_no_shared_samples(splits: Sequence[ClientSplit], source: str) -> None:
+    """No sample may be held twice: not by two clients, not twice by one client, not in a client's train and test
+    set (a split made outside the core -- a saved or given partition -- is checked; one line names the clients)."""
+    owner = np.concatenate([np.full(len(s.train) + len(s.test), cid, dtype=np.int64) for cid, s in enumerate(splits)]
+                           ) if splits else np.zeros(0, dtype=np.int64)
+    idx = np.concatenate([np.concatenate([s.train, s.test]) for s in splits]) if splits else owner
+    if not len(idx):
+        return
+    order = np.argsort(idx, kind="stable")
+    srt = idx[order]
+    dup = np.flatnonzero(srt[1:] == srt[:-1])
+    if not len(dup):
+        return
+    i = int(dup[0])
+    a, b = int(owner[order[i]]), int(owner[order[i + 1]])
+    sample = int(srt[i])
+    where = f"clients {a} and {b} both hold" if a != b else f"client {a} holds twice (or in train and test)"
+    raise DataError(f"{source}: {where} sample {sample} ({len(dup)} repeated sample(s) in all); clients must not "
+                    f"share samples")
+
+
+def partition_fingerprint(splits: Sequence[ClientSplit]) -> str:
+    digest = hashlib.sha256()
+    for s in splits:
+        for part in (s.train, s.test):
+            arr = np.ascontiguousarray(part, dtype="<i8")
+            digest.update(len(arr).to_bytes(8, "little"))
+            digest.update(arr.tobytes())
+    return digest.hexdigest()
+
+
+_MAX_PARTITION_BYTES = 1 << 30
 
 
 def _index_array(values: Any) -> np.ndarray:
@@ -289,8 +335,8 @@ def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
             splits.append(split_train_test(idx, labels, rng, cfg.split.test_ratio,
                                            cfg.split.train_size, cfg.split.test_size))
         fed = FederatedData(bundle, splits, name)
-        fed.check_indices("split")
+        fed.check_indices("split", disjoint=True)
         return fed
     fed = FederatedData(bundle, splits, name)
-    fed.check_indices("saved partition")
+    fed.check_indices("saved partition", disjoint=True)
     return fed

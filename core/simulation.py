@@ -20,8 +20,8 @@ from easydict import EasyDict
 from . import adaptation, compose
 from . import registry as reg
 from .backend import ExecutionBackend, SerialBackend, StateOptions, TrainerFactory
-from .checkpoint import (CHECKPOINT_NAME, checkpoint_exists, open_checkpoint, remove_orphaned_temporaries,
-                         save_checkpoint)
+from .checkpoint import (CHECKPOINT_NAME, check_header, check_run_state, checkpoint_exists, open_checkpoint,
+                         remove_orphaned_temporaries, save_checkpoint)
 from .clientstate import SPILL_DIR, parse_size
 from .client import ClientContext, can_pool
 from .comm import Communicator
@@ -34,6 +34,7 @@ from .distributed.silent import SilentReporter, SilentRunLogger
 from .monitor import RoundReporter, RunLogger, append_run_log
 from .privacy import PrivacyGuard
 from .rundir import RunDirLock
+from .safefiles import check_run_dir, open_append, read_regular, unlink_entry, write_atomic
 from .seeding import derive_seed, rng_state, seed_everything, set_rng_state
 from .server import ServerContext
 from .threads import effective_threads, torch_threads
@@ -113,19 +114,32 @@ def default_run_dir(cfg: EasyDict) -> Path:
 # What a run directory holds before its first checkpoint (besides checkpoint temporaries)
 _START_ARTEFACTS = {".lock", "config.json", "partition.json", "metrics.jsonl", "summary.json", "run.log",
                     "run_info.json", "run_info.json.tmp", "resumes.jsonl", "tb"}
+# pflkit's own files and folders in a run directory: each must be a regular file / a real directory of regular
+# files, never a link or a FIFO planted there (a resume or a reusing start would write through it)
+RUN_FILES = (".lock", "config.json", "partition.json", "metrics.jsonl", "summary.json", "run.log", "run_info.json",
+             "resumes.jsonl", CHECKPOINT_NAME)
+RUN_DIRS = ("tb", SPILL_DIR)
+_MAX_CONFIG_BYTES = 16 << 20
+
+
+def check_own_entries(run_dir: Path) -> None:
+    """Refuse (one line naming it) a run directory where one of pflkit's own files or folders is a link, FIFO or
+    device: called before a resume or a start reusing the directory writes anything."""
+    check_run_dir(run_dir, RUN_FILES, RUN_DIRS)
 
 
 def _readable_config(path: Path) -> bool:
     try:
-        return isinstance(json.loads((path / "config.json").read_text(encoding="utf-8")), dict)
-    except (OSError, ValueError):
+        return isinstance(json.loads(read_regular(path / "config.json", _MAX_CONFIG_BYTES).decode("utf-8")), dict)
+    except (OSError, ValueError, PflError):
         return False
 
 
 def is_dead_start(path: Path) -> bool:
     """A run directory left by a start that was killed before it had anything to resume: no checkpoint, no
-    readable config.json, and nothing but pflkit's own start-up files. A new start may reuse it."""
-    if not path.is_dir() or checkpoint_exists(path) or _readable_config(path):
+    readable config.json, and nothing but pflkit's own start-up files. A new start may reuse it (after
+    ``check_own_entries``)."""
+    if not path.is_dir() or path.is_symlink() or os.path.lexists(path / CHECKPOINT_NAME) or _readable_config(path):
         return False
     return all(p.name in _START_ARTEFACTS or p.name == SPILL_DIR or p.name.endswith(".tmp") for p in path.iterdir())
 
@@ -207,7 +221,8 @@ class Simulation:
 
     def __init__(self, cfg: EasyDict, run_dir: Optional[Path] = None, backend: Optional[ExecutionBackend] = None,
                  data: Optional[FederatedData] = None, _resume_state: Optional[Dict[str, Any]] = None,
-                 progress: bool = False, tensorboard: bool = True, _restart: bool = False):
+                 progress: bool = False, tensorboard: bool = True, _restart: bool = False,
+                 _partition_sha256: Optional[str] = None):
         self.cfg = cfg
         self.progress = progress
         self.device = resolve_device(cfg.device)
@@ -231,6 +246,11 @@ class Simulation:
                 log.warning("%s is damaged and the run has no checkpoint: making its partition again from its "
                             "configuration", run_dir / "partition.json")
         self.data = data if data is not None else build_federated_data(cfg, splits=splits)
+        self.partition_sha256 = self.data.fingerprint()
+        if _partition_sha256 is not None and _partition_sha256 != self.partition_sha256:
+            raise CheckpointError(f"{run_dir / 'partition.json'} does not match {run_dir / CHECKPOINT_NAME}: the "
+                                  f"partition was edited after the checkpoint was written (clients' samples moved "
+                                  f"or swapped); restore the original partition.json")
         bundle = self.data.bundle
         self.task = bundle.task
         self.build_model = make_model_factory(cfg, bundle.input_shape, bundle.task.output_dim, self.device)
@@ -239,6 +259,8 @@ class Simulation:
 
         # a directory left by a start killed before it wrote its configuration holds nothing to resume: reuse it
         dead = self.is_writer and not reuse_dir and is_dead_start(run_dir)
+        if self.is_writer and (reuse_dir or dead):
+            check_own_entries(run_dir)  # nothing is written through a link planted in a reused directory
         if dead:
             log.warning("%s holds no run (no configuration, no checkpoint: a start stopped early): reusing it",
                         run_dir)
@@ -252,10 +274,10 @@ class Simulation:
                 remove_orphaned_temporaries(self.run_dir)
                 if _restart or dead:
                     for name in ("metrics.jsonl", "summary.json"):
-                        (self.run_dir / name).unlink(missing_ok=True)
-                    shutil.rmtree(self.run_dir / "tb", ignore_errors=True)
+                        unlink_entry(self.run_dir / name)
+                    shutil.rmtree(self.run_dir / "tb", ignore_errors=True)  # checked: a real directory
                 if not resuming:
-                    (self.run_dir / "config.json").write_text(json.dumps(to_plain(cfg), indent=2))
+                    write_atomic(self.run_dir / "config.json", json.dumps(to_plain(cfg), indent=2))
                     self.data.save(self.run_dir / "partition.json")
             self._start(cfg, backend, _resume_state, tensorboard)
         except BaseException:
@@ -348,6 +370,8 @@ class Simulation:
 
         run_dir = Path(run_dir)
         cfg_path = run_dir / "config.json"
+        if run_dir.is_dir():
+            check_own_entries(run_dir)  # before anything is read or written there
         if is_dead_start(run_dir):
             raise CheckpointError(f"{run_dir} has nothing to resume: its run was stopped while starting, before it "
                                   f"saved its configuration. Start it again with the original fl run command (the "
@@ -355,7 +379,7 @@ class Simulation:
         if not run_dir.is_dir() or not cfg_path.is_file():
             raise CheckpointError(f"{run_dir} is not a run directory (no config.json)")
         try:
-            saved = json.loads(cfg_path.read_text(encoding="utf-8"))
+            saved = json.loads(read_regular(cfg_path, _MAX_CONFIG_BYTES).decode("utf-8"))
         except (ValueError, OSError) as exc:
             raise CheckpointError(f"{cfg_path} is corrupt ({exc}); restore it from a copy") from None
         if not isinstance(saved, dict):
@@ -371,13 +395,15 @@ class Simulation:
                 sim._record_resume(overrides, 0)
             return sim
         header, state = open_checkpoint(run_dir)  # client states are read one at a time while restoring
+        check_header(header, run_dir / CHECKPOINT_NAME)
         if header.get("config_sha256") != config_fingerprint(cfg):
             raise CheckpointError(
                 f"{cfg_path} does not match {run_dir / 'checkpoint.pt'} (checkpoint of algorithm "
                 f"'{header.get('algorithm')}' after round {header.get('round')}): the configuration was edited "
                 f"after the checkpoint was written, or the checkpoint belongs to another run. Restore the original "
                 f"config.json; change only resume-safe keys, with --set on the resume command")
-        done = int(header.get("round", 0))
+        check_run_state(state, header, run_dir / CHECKPOINT_NAME)
+        done = header["round"]
         if cfg.rounds < done:
             raise ConfigError(f"rounds: {cfg.rounds} is invalid: the run has already completed {done} rounds")
         threads, now = header.get("torch_threads"), effective_threads(cfg)
@@ -387,7 +413,8 @@ class Simulation:
                        f"differ from an uninterrupted run from round {done + 1} on (resume with --set "
                        f"threads={threads} to match)")
             log.warning(warning)
-        sim = cls(cfg, run_dir=run_dir, _resume_state=state, **kwargs)
+        sim = cls(cfg, run_dir=run_dir, _resume_state=state, _partition_sha256=header.get("partition_sha256"),
+                  **kwargs)
         if not sim.is_writer:
             return sim
         sim._record_resume(overrides, done)
@@ -398,10 +425,10 @@ class Simulation:
     def _record_resume(self, overrides: Dict[str, Any], from_round: int) -> None:
         """Keep the run directory truthful: config.json holds the values in force, resumes.jsonl the history."""
         if overrides:
-            (self.run_dir / "config.json").write_text(json.dumps(to_plain(self.cfg), indent=2))
+            write_atomic(self.run_dir / "config.json", json.dumps(to_plain(self.cfg), indent=2))
         entry = {"time": datetime.now().isoformat(timespec="seconds"), "from_round": from_round,
                  "overrides": overrides, "torch_threads": effective_threads(self.cfg)}
-        with (self.run_dir / "resumes.jsonl").open("a") as f:
+        with open_append(self.run_dir / "resumes.jsonl") as f:
             f.write(json.dumps(entry) + "\n")
 
     def _state(self) -> Dict[str, Any]:
@@ -453,7 +480,7 @@ class Simulation:
         meta = {"config_sha256": config_fingerprint(self.cfg), "algorithm": self.cfg.algorithm,
                 "trainer": self.cfg.trainer.name, "aggregator": self.cfg.aggregator.name,
                 "round": self.completed_round, "num_clients": len(self.client_ids),
-                "torch_threads": torch.get_num_threads()}
+                "torch_threads": torch.get_num_threads(), "partition_sha256": self.partition_sha256}
         save_checkpoint(self.run_dir, self._state(), meta)
 
     # -- rounds ------------------------------------------------------------------------------------------------
@@ -576,8 +603,8 @@ class Simulation:
             result = self.summary()
             result["interrupted"] = interrupted
             if self.is_writer:
-                (self.run_dir / "summary.json").write_text(json.dumps(strict_json(result), indent=2,
-                                                                      allow_nan=False))
+                write_atomic(self.run_dir / "summary.json", json.dumps(strict_json(result), indent=2,
+                                                                       allow_nan=False))
         finally:
             self._lock.release()
         return result
