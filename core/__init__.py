@@ -9,7 +9,7 @@ from .errors import ConfigError, DataError, PflError, PluginError, UnknownNameEr
 from .params import Param
 from .protocol import BitMask, Message, payload_nbytes
 from .registry import AGGREGATORS, ALGORITHMS, DATASETS, MODELS, PARTITIONERS, TRAINERS
-from .server import GlobalModelAggregator, ServerAggregator, ServerContext
+from .server import GlobalModelAggregator, ServerAggregator, ServerContext, SetupStep
 from .simulation import Simulation
 from .task import Task, classification, regression
 from .training import TensorData, evaluate, make_optimizer, minibatches, run_sgd
@@ -20,5 +20,5 @@ __all__ = [
     "PluginError", "UnknownNameError", "Param", "BitMask", "Message", "payload_nbytes", "AGGREGATORS",
     "ALGORITHMS", "DATASETS", "MODELS", "PARTITIONERS", "TRAINERS", "GlobalModelAggregator",
     "ServerAggregator", "ServerContext", "Simulation", "Task", "classification", "regression", "TensorData",
-    "evaluate", "make_optimizer", "minibatches", "run_sgd",
+    "SetupStep", "evaluate", "make_optimizer", "minibatches", "run_sgd",
 ]

@@ -13,7 +13,7 @@ Strategies with more phases (pre-training, cross-client work) override ``setup``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -24,6 +24,16 @@ from .params import ParamSpec
 from .protocol import Message
 from .state import State, WeightedMean, clone_state, weighted_average
 from .task import Task
+
+
+class SetupStep(NamedTuple):
+    """What a ``setup_steps`` generator may yield after each resumable step: a line for the run's log and console
+    (e.g. a block of pre-training steps and its losses) and, when known, how far set-up has come (``done`` of
+    ``total`` units), which moves the progress bar. A plain string yielded instead is logged as the line."""
+
+    text: str
+    done: Optional[int] = None
+    total: Optional[int] = None
 
 
 @dataclass

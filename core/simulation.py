@@ -36,7 +36,7 @@ from .privacy import PrivacyGuard
 from .rundir import RunDirLock
 from .safefiles import check_run_dir, open_append, read_regular, unlink_entry, write_atomic
 from .seeding import derive_seed, rng_state, seed_everything, set_rng_state
-from .server import ServerContext
+from .server import ServerContext, SetupStep
 from .threads import effective_threads, torch_threads
 from . import runinfo
 
@@ -300,6 +300,9 @@ class Simulation:
 
         composition = compose.composition(cfg)  # an augmenting algorithm (PCFL(FedAvg), ...) is composed here
         self.trainer_cls, self.aggregator_cls = composition.trainer, composition.aggregator
+        # the base algorithm an augmenting one wraps, as "SECTION.base" -> name (summary.json and the printed summary)
+        self.base_algorithm = ({f"{composition.section}.{compose.BASE_KEY}": composition.base}
+                               if composition.wrapped else {})
         trainer_hp = EasyDict({k: v for k, v in cfg.trainer.items() if k != "name"})
         self._trainer_hp = trainer_hp
 
@@ -323,6 +326,10 @@ class Simulation:
         # pooled working trainer plus a store of declared states with a memory budget
         state_opts = StateOptions(parse_size(cfg.get("clients", {}).get("state_memory")), self.run_dir / SPILL_DIR)
         pooled = can_pool(self.trainer_cls, self.aggregator_cls)
+        # failures.client_timeout (.get: a run saved before the key existed has no limit)
+        limit_calls = getattr(self.backend, "limit_calls", None)  # an ExecutionBackend's; a duck-typed one has none
+        if callable(limit_calls):
+            limit_calls(cfg.failures.get("client_timeout"), self.run_dir)
         self.backend.start(TrainerFactory(self.trainer_cls, self.contexts, pooled), self.client_ids, state_opts)
 
         self.logger = (RunLogger if self.is_writer else SilentRunLogger)(
@@ -576,7 +583,7 @@ class Simulation:
             with torch_threads(cfg.threads), reporter, _GracefulInterrupt() as stop:
                 self._record_run_info(reporter)
                 if not self.setup_done:
-                    interrupted = not self._run_setup(stop, stop_in_setup)
+                    interrupted = not self._run_setup(stop, stop_in_setup, reporter)
                 for rnd in ([] if interrupted else range(self.completed_round + 1, cfg.rounds + 1)):
                     started = time.perf_counter()
                     record = self.run_round(rnd)
@@ -627,7 +634,7 @@ class Simulation:
                       f"{self.cfg.dataset.name}, {entry['threads']} torch thread(s), device {entry['device']}, "
                       f"host {entry['hostname']}, command: {entry['command']}")
 
-    def _run_setup(self, stop: "_GracefulInterrupt", pause_after: Optional[int]) -> bool:
+    def _run_setup(self, stop: "_GracefulInterrupt", pause_after: Optional[int], reporter: RoundReporter) -> bool:
         """The set-up phase (round 0); True once complete, False when paused.
 
         A strategy either has ``setup(channel)``, called once, or ``setup_steps(channel)``: a generator that yields
@@ -636,6 +643,7 @@ class Simulation:
         pause); Ctrl-C or ``pause_after`` steps stop between two steps, and a resumed run calls ``setup_steps``
         again, which continues from the saved progress. Set-up messages are numbered continuously across a
         resume, so clients get the same seeds as in an uninterrupted run. Set-up traffic counts in the totals.
+        What a step yields (a ``SetupStep`` or a string) goes to run.log and the console as it happens.
         """
         self.logger.set_step(0)
         self.comm.begin_round(0)
@@ -644,8 +652,12 @@ class Simulation:
         if not callable(steps_fn):
             self.server.setup(self.channel)
         else:
-            for n, _ in enumerate(steps_fn(self.channel), start=1):
+            for n, step in enumerate(steps_fn(self.channel), start=1):
                 self._take_setup_traffic()
+                if isinstance(step, SetupStep):
+                    reporter.setup_step(step.text, step.done, step.total)
+                elif isinstance(step, str):
+                    reporter.setup_step(step)
                 pause = self._stop_requested(stop) or (pause_after is not None and n >= pause_after)
                 if pause or self.cfg.checkpoint.every:
                     self.checkpoint()
@@ -653,6 +665,7 @@ class Simulation:
                     return False
         self._take_setup_traffic()
         self.setup_done = True
+        reporter.setup_finished()
         return True
 
     def _take_setup_traffic(self) -> None:
@@ -681,6 +694,7 @@ class Simulation:
             "algorithm": self.cfg.algorithm,
             "trainer": self.cfg.trainer.name,
             "aggregator": self.cfg.aggregator.name,
+            **({"base": self.base_algorithm} if self.base_algorithm else {}),
             "dataset": self.cfg.dataset.name,
             "num_clients": len(self.client_ids),
             "rounds_completed": self.completed_round,

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional
 
 import click
 
-from .. import compose
+from .. import compose, dryrun
 from .. import registry as reg
 from ..config import CORE_SCHEMA, COMPONENT_SECTIONS, component_params, deep_merge
 from ..params import Param
@@ -97,9 +97,12 @@ def show_command(name: str) -> None:
             lines = _param_lines(compose.section_params(section, comp, compo), f"{section}.",
                                  defaults.get(section, {}))
             click.echo("\n".join(lines) if lines else "  (no options)")
-        if compo.wrapped:
+        if compo.wrapped:  # bases whose run starts with these defaults (the run's own start checks, core/dryrun.py)
+            runs, refused = dryrun.runnable_bases(name)
             click.echo(f"\nbase algorithms it can wrap ({compo.section}.{compose.BASE_KEY}; their defaults apply "
-                       f"beneath this algorithm's): {', '.join(compose.allowed_bases(objs['trainer'], objs['aggregator']))}")
+                       f"beneath this algorithm's): {', '.join(runs) or '(none)'}")
+            for base, reason in refused.items():
+                click.echo(f"  not with these defaults: {base} ({reason})")
         other = {k: v for k, v in defaults.items() if k not in ("trainer", "aggregator")}
         if other:
             click.echo("\nother defaults this algorithm sets:")

@@ -22,7 +22,8 @@ def format_summary(result: Dict[str, Any]) -> str:
     pct = (lambda v: f"{100 * v:.2f}%") if m == "accuracy" else (lambda v: f"{v:.5f}")
     fmt = lambda v: "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else pct(v)
     rows = [
-        ("algorithm", f"{result['algorithm']} (trainer {result['trainer']}, aggregator {result['aggregator']})"),
+        ("algorithm", f"{result['algorithm']} (trainer {result['trainer']}, aggregator {result['aggregator']}"
+                      + "".join(f"; {key} = {name}" for key, name in (result.get("base") or {}).items()) + ")"),
         ("dataset / clients", f"{result['dataset']} / {result['num_clients']}"),
         ("rounds completed", f"{result['rounds_completed']} of {result['rounds']}"),
         (f"final {m}, uniform (mean of last {fin['k']} evals)", fmt(fin["uniform"])),

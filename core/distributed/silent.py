@@ -41,3 +41,9 @@ class SilentReporter(RoundReporter):
 
     def round(self, record: Dict[str, Any], seconds: float, postfix: Dict[str, str]) -> None:
         pass
+
+    def setup_step(self, text: str, done: Optional[int] = None, total: Optional[int] = None) -> None:
+        pass
+
+    def setup_finished(self) -> None:
+        pass

@@ -28,13 +28,13 @@ Every message is counted in the run's communication totals by the core.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterator, Optional, Sequence
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from pflkit.core import ConfigError, GlobalModelAggregator, Message, Param, PflError, ServerAggregator, \
-    payload_nbytes
+    SetupStep, payload_nbytes
 from pflkit.core.params import open_unit_interval, positive
 from pflkit.core.seeding import derive_seed
 
@@ -43,6 +43,8 @@ from .flow import flow_data
 from .trainer import BASE_PROTOCOLS, PROTOCOL_PREFIX, build_flow
 
 log = logging.getLogger("pflkit")
+# the flow's two phases (Algorithm 1: g fitted first, then h with g frozen), as set-up progress names them
+FLOW_LOSS_NAMES = {"recon": "reconstruction loss of g", "nll": "NLL of h"}
 
 AGGREGATOR_PARAMS = {
     "latent_dim": Param(None, "manifold dimension d' (Eq. 8); default: the paper's value for the dataset (pcfl_sine "
@@ -114,23 +116,33 @@ class PcflServerMixin:
         self.last_round: Dict[str, Any] = {}
 
     # -- set-up --------------------------------------------------------------------------------------------
-    def setup_steps(self, comm) -> Iterator[str]:
-        """Algorithm 1, then Algorithm 2 lines 1-2; yields after each resumable block (see core simulation)."""
+    def setup_steps(self, comm) -> Iterator[SetupStep]:
+        """Algorithm 1, then Algorithm 2 lines 1-2; yields after each resumable block (see core simulation) a
+        line with the block's mean losses; progress is counted in flow steps plus one for the regions."""
         total, block = int(self.ctx.hp.flow_epochs), int(self.ctx.hp.setup_block)
+        units = total + 1
         while self.flow_step < total:
-            stop = min(total, self.flow_step + block)
+            first, stop = self.flow_step, min(total, self.flow_step + block)
+            losses: Dict[str, list] = {}
             while self.flow_step < stop:
-                self._flow_step(comm, total)
-            yield "flow"
+                phase, loss = self._flow_step(comm, total)
+                losses.setdefault(phase, []).append(loss)
+            means = ", ".join(f"{FLOW_LOSS_NAMES[p]} {np.mean(v):.4f}" for p, v in losses.items())
+            yield SetupStep(f"PCFL flow steps {first + 1}-{stop} of {total} (Algorithm 1): mean {means}",
+                            stop, units)
         if not self.regions_done:
             self._regions(comm)
             self.regions_done = True
-            yield "regions"
+            r = self.report
+            yield SetupStep(f"PCFL regions (Eq. 9-10, 12): {int(r.get('overlap_pairs', 0))} client pairs overlap "
+                            f"({100 * r.get('overlap_pair_fraction', 0.0):.1f}%), synthetic samples "
+                            f"{int(r.get('synthetic_got', 0))} of {int(r.get('synthetic_wanted', 0))} wanted",
+                            units, units)
 
     def _flow_state(self) -> Dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.flow.state_dict().items()}
 
-    def _flow_step(self, comm, total: int) -> None:
+    def _flow_step(self, comm, total: int) -> Tuple[str, float]:
         """Algorithm 1, one iteration t: seeded client subset, their gradients averaged, one Adam step."""
         hp, t = self.ctx.hp, self.flow_step
         phase = "recon" if t < total / 2 else "nll"
@@ -161,6 +173,7 @@ class PcflServerMixin:
         self.report[f"flow_{phase}"] = loss
         if self.ctx.logger is not None:
             self.ctx.logger.log_scalar(f"pcfl/flow/{phase}", loss, step=t + 1 - total)
+        return phase, loss
 
     def _regions(self, comm) -> None:
         """Eq. 9 (regions up), their relay (down), Eq. 10/12 on the clients; counts kept for routing."""

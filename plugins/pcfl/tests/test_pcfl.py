@@ -106,9 +106,10 @@ def test_flow_training_reduces_both_losses(tmp_path, tiny_sine):
 
     def spy(comm, total):
         step = sim.server.flow_step
-        original(comm, total)
-        phase = "recon" if step < total / 2 else "nll"
-        first.setdefault(phase, sim.server.report[f"flow_{phase}"])
+        phase, loss = original(comm, total)
+        assert phase == ("recon" if step < total / 2 else "nll") and loss == sim.server.report[f"flow_{phase}"]
+        first.setdefault(phase, loss)
+        return phase, loss
 
     sim.server._flow_step = spy
     sim.run()
@@ -402,11 +403,20 @@ def test_bad_input_is_one_clear_line(tmp_path):
 
 def test_fl_run_pcfl_on_the_sine_task(tmp_path):
     # the algorithm's defaults are the paper's synthetic task (= configs/sine.toml); shrunk here
-    res = fl("run", "--plugin", "pcfl", "--no-progress",
+    res = fl("run", "--plugin", "pcfl",  # with progress: a batch job's lines (output is not a terminal)
              *_tiny_sets(tmp_path, ["rounds=2", "run_name=e2e", "trainer.base=fedavg"]))
     assert res.exit_code == 0, res.output
-    assert "final mse" in res.output and "pcfl (trainer pcfl, aggregator pcfl)" in res.output
+    assert "final mse" in res.output
+    assert "pcfl (trainer pcfl, aggregator pcfl; trainer.base = fedavg)" in res.output  # the summary names the base
+    # set-up progress: one line per block of flow steps with its losses, then the regions, on the console and in run.log
+    setup = [ln for ln in res.output.splitlines() if ln.startswith("set-up: ")]
+    assert setup == [ln.split(" ", 2)[2] for ln in (tmp_path / "e2e" / "run.log").read_text().splitlines()
+                     if ln.split(" ", 2)[2].startswith("set-up: ")]
+    assert len(setup) == 2 and setup[0].startswith("set-up: PCFL flow steps 1-2 of 2 (Algorithm 1): mean "
+                                                    "reconstruction loss of g ")
+    assert "NLL of h" in setup[0] and setup[1].startswith("set-up: PCFL regions")
     run = tmp_path / "e2e"
+    assert json.loads((run / "summary.json").read_text())["base"] == {"trainer.base": "fedavg"}
     assert (run / FIGURE_NAME).exists() and (run / "tb").is_dir()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2] and "pcfl/overlap_recall" in rows[0]
@@ -476,3 +486,6 @@ def test_fl_show_pcfl_lists_base_options_and_bases():
     assert "trainer.base = 'local'" in res.output and "aggregator.latent_dim = None" in res.output
     bases = res.output.split("base algorithms it can wrap")[1].splitlines()[0]
     assert all(b in bases for b in ("local", "fedavg", "fedrep", "ditto")) and "fedcac" not in bases
+    # FedRoD wraps by class but refuses PCFL's default (regression) task at start: named apart, with the reason
+    assert "fedrod" not in bases
+    assert "not with these defaults: fedrod (algorithm fedrod: FedRoD needs a classification task" in res.output
