@@ -229,13 +229,13 @@ def test_a_record_with_60000_keys_is_exported_and_plotted_in_linear_time(run, tm
     recs = records(run)
     recs[0].update({f"extra/{i}": i * 0.5 for i in range(60_000)})
     write_records(run, recs)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the shared test machine's load does not count
     res = fl("export", run, "--csv", tmp_path / "m.csv")
     assert res.exit_code == 0, res.output
     res = fl("plot", run, "--out", tmp_path / "c.png")
     assert res.exit_code == 0, res.output
-    elapsed = time.perf_counter() - start
-    assert elapsed < 10, f"{elapsed:.1f} s (the quadratic merge took 69 s)"
+    elapsed = time.process_time() - start
+    assert elapsed < 10, f"{elapsed:.1f} s of CPU (the quadratic merge took 34.6 s for the export alone)"
     header = (tmp_path / "m.csv").read_text().splitlines()[0].split(",")
     assert len(header) > 60_000 and header[-1] == "extra/59999"
 
