@@ -180,22 +180,26 @@ class FederatedData:
 def check_no_shared_samples(splits: Sequence[ClientSplit], source: str) -> None:
     """No sample may be held twice: not by two clients, not twice by one client, not in a client's train and test
     set (a split made outside the core -- a saved or given partition -- is checked; one line names the clients)."""
-    owner = np.concatenate([np.full(len(s.train) + len(s.test), cid, dtype=np.int64) for cid, s in enumerate(splits)]
-                           ) if splits else np.zeros(0, dtype=np.int64)
-    idx = np.concatenate([np.concatenate([s.train, s.test]) for s in splits]) if splits else owner
-    if not len(idx):
+    if not splits:
         return
+    idx = np.concatenate([np.concatenate([s.train, s.test]) for s in splits])
+    owner = np.concatenate([np.full(len(s.train) + len(s.test), cid, dtype=np.int64) for cid, s in enumerate(splits)])
+    in_test = np.concatenate([np.r_[np.zeros(len(s.train), bool), np.ones(len(s.test), bool)] for s in splits])
     order = np.argsort(idx, kind="stable")
     srt = idx[order]
     dup = np.flatnonzero(srt[1:] == srt[:-1])
     if not len(dup):
         return
     i = int(dup[0])
-    a, b = int(owner[order[i]]), int(owner[order[i + 1]])
-    sample = int(srt[i])
-    where = f"clients {a} and {b} both hold" if a != b else f"client {a} holds twice (or in train and test)"
-    raise DataError(f"{source}: {where} sample {sample} ({len(dup)} repeated sample(s) in all); clients must not "
-                    f"share samples")
+    first, second = order[i], order[i + 1]
+    a, b, sample = int(owner[first]), int(owner[second]), int(srt[i])
+    if a != b:
+        what = f"clients {a} and {b} both hold sample {sample}"
+    elif in_test[first] != in_test[second]:
+        what = f"client {a}'s sample {sample} is in both its train and its test set"
+    else:
+        what = f"client {a} holds sample {sample} twice in its {'test' if in_test[first] else 'train'} set"
+    raise DataError(f"{source}: {what} ({len(dup)} repeated sample(s) in all); clients must not share samples")
 
 
 def partition_fingerprint(splits: Sequence[ClientSplit]) -> str:

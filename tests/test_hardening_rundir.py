@@ -251,3 +251,20 @@ def test_a_pooled_state_swap_that_raises_is_a_failed_client(tmp_path, registries
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["client_failures"] >= 2
     res = fl(*args, "--set", "run_name=abort", "--set", "failures.on_client_error=abort")
     assert res.exit_code == 2 and "swapping its state" in res.output, res.output
+
+
+@pytest.mark.parametrize("splits, fragment", [
+    ([([0, 1], [2]), ([3, 0], [4])], "clients 0 and 1 both hold sample 0"),
+    ([([0, 1], [1]), ([3, 5], [4])], "client 0's sample 1 is in both its train and its test set"),
+    ([([0, 1, 1], [2]), ([3, 5], [4])], "client 0 holds sample 1 twice in its train set"),
+])
+def test_shared_samples_name_the_clients(splits, fragment):
+    import numpy as np
+
+    from pflkit.core.data import ClientSplit, check_no_shared_samples
+    from pflkit.core.errors import DataError
+
+    with pytest.raises(DataError, match=fragment):
+        check_no_shared_samples([ClientSplit(np.array(a), np.array(b)) for a, b in splits], "partition")
+    check_no_shared_samples([ClientSplit(np.array([0, 1]), np.array([2])), ClientSplit(np.array([3]), np.array([]))],
+                            "partition")
