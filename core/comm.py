@@ -1,7 +1,9 @@
 """The server's only way to reach clients: route messages, count bytes, vet replies, isolate failures."""
 from __future__ import annotations
 
+import itertools
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -53,6 +55,7 @@ class Communicator:
         self.round = 0
         self._calls = 0
         self.traffic = RoundTraffic()
+        self._token = _register(self)
 
     @property
     def num_clients(self) -> int:
@@ -122,38 +125,57 @@ class Communicator:
             self.backend.rollback(cid)
 
     def channel(self) -> "ServerChannel":
-        return ServerChannel(self)
+        return ServerChannel(self._token, self.client_ids)
+
+
+# The one path from a channel to its communicator: a token looked up here, in this module's globals, which any
+# code in the process can import anyway (this is a guard for honest code, not a sandbox). Weak values: a finished
+# run's communicator is freed with its simulation; a channel outliving it says so.
+_COMMUNICATORS: "weakref.WeakValueDictionary[int, Communicator]" = weakref.WeakValueDictionary()
+_TOKENS = itertools.count(1)
+
+
+def _register(comm: Communicator) -> int:
+    token = next(_TOKENS)
+    _COMMUNICATORS[token] = comm
+    return token
+
+
+def _route(token: int) -> Communicator:
+    comm = _COMMUNICATORS.get(token)
+    if comm is None:
+        raise RuntimeError("this server channel's run has ended")
+    return comm
 
 
 class ServerChannel:
-    """What server code gets instead of the Communicator: ``send``, the client ids and the round -- no attribute
-    leads to the backend, its trainers or their contexts (the privacy boundary is structural, not a convention).
-    This keeps honest code honest; it is no sandbox against code that digs through closures."""
+    """What server code gets instead of the Communicator: ``send``, the client ids and the round.
 
-    __slots__ = ("send", "_meta")
+    The channel holds plain data only (an int token and the client ids): no attribute, closure, bound method or
+    referent of it leads to the communicator, the backend, its trainers or their contexts (tests/test_privacy.py
+    walks them). ``send`` finds the communicator through this module's private registry."""
 
-    def __init__(self, comm: Communicator):
-        def send(messages: Dict[int, Message], accounted: bool = True) -> Dict[int, Dict[str, Any]]:
-            """Deliver ``messages`` (cid -> Message); returns cid -> reply for the clients that succeeded."""
-            return comm.send(messages, accounted)
+    __slots__ = ("_token", "_client_ids")
 
-        def meta() -> tuple:
-            return tuple(comm.client_ids), comm.round
-
-        object.__setattr__(self, "send", send)
-        object.__setattr__(self, "_meta", meta)
+    def __init__(self, token: int, client_ids: Sequence[int]):
+        object.__setattr__(self, "_token", int(token))
+        object.__setattr__(self, "_client_ids", tuple(int(c) for c in client_ids))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("the server channel is read-only")
 
+    def send(self, messages: Dict[int, Message], accounted: bool = True) -> Dict[int, Dict[str, Any]]:
+        """Deliver ``messages`` (cid -> Message); returns cid -> reply for the clients that succeeded."""
+        return _route(self._token).send(messages, accounted)
+
     @property
     def client_ids(self) -> List[int]:
-        return list(self._meta()[0])
+        return list(self._client_ids)
 
     @property
     def num_clients(self) -> int:
-        return len(self._meta()[0])
+        return len(self._client_ids)
 
     @property
     def round(self) -> int:
-        return self._meta()[1]
+        return _route(self._token).round

@@ -4,108 +4,175 @@ What it guarantees (checked on every reply, before the server, the logs or the b
 
 1. **Plain data only.** A reply is built from tensors, ``BitMask``, Python numbers, booleans, strings and ``None``,
    nested in dicts (string or integer keys), lists and tuples. Anything else -- numpy arrays, bytes, sets, objects
-   of any other class (which could wrap anything) -- is refused.
-2. **Metrics are scalars.** ``reply["metrics"]`` maps names to single numbers, so nothing but per-client scalars
-   reaches ``metrics.jsonl`` and TensorBoard.
-3. **No raw samples.** A reply is refused when a tensor or numeric list in it shares storage with the client's
-   data tensors, or contains one of the client's raw input rows (train or test; any dtype, any shape, as long as
-   the row's values are stored contiguously at a multiple of the row length, or as a column of a 2-D tensor), or
-   one of its label vectors. Rows are fingerprinted once at start-up; each candidate match is then confirmed
-   exactly against the client's data, so no model is refused by chance. Rows of fewer than ``MIN_ROW_VALUES``
-   values and constant rows or label vectors are not checked: a match would be chance, and their content is
-   public (label counts are in ``partition.json``).
+   of any other class (which could wrap anything) -- is refused. Attributes are payload too: Python attributes
+   or slots on a tensor, a dict, a list, a string... (e.g. a state dict's ``_metadata``) are checked like any
+   other field, and a ``BitMask`` must be well formed (a flat uint8 buffer of exactly the bytes its shape needs).
+2. **Metrics are named scalars.** ``reply["metrics"]`` maps names matching ``METRIC_NAME`` (at most 64 letters,
+   digits and ``_ . / -``) to single numbers, so nothing but per-client scalars under plain names reaches
+   ``metrics.jsonl`` and TensorBoard.
+3. **No raw samples.** A reply is refused when a tensor in it overlaps the memory of the client's data tensors,
+   or when it contains one of the client's raw input rows (train or test), or one of its label vectors. A row is
+   found in any dtype, at any offset of a tensor's values in row-major order, along any other dimension of the
+   tensor at least as long as the row (a row as a column of a 2-D tensor, along dim 0 or 1 of a 3-D one...), in
+   a ``BitMask``'s buffer, and in a list or tuple, whose numbers, 0-d and larger tensors are read in order as one
+   sequence (strings, ``None`` and nested dicts in between are skipped). Rows are fingerprinted once at start-up
+   (a polynomial hash of each row, compared at every offset with a rolling hash in linear time); each candidate
+   match is then confirmed exactly against the client's data, so no model is refused by chance. Rows of fewer
+   than ``MIN_ROW_VALUES`` values and constant rows or label vectors are not checked: a match would be chance,
+   and their content is public (label counts are in ``partition.json``). A label vector is caught as a whole
+   tensor or list, not inside a longer one.
 
 What it is not: a sandbox. Plugin code runs in the same process as the core; code written to leak (encoding data
-into model weights, into strings, into floats one value at a time) is not stopped by these checks. They catch
-mistakes. Isolation from malicious plugin code needs clients in separate processes or machines, which the
-execution backends are designed for.
+into model weights, into strings, into floats one value at a time, permuting a row's values) is not stopped by
+these checks. They catch mistakes. Isolation from malicious plugin code needs clients in separate processes or
+machines, which the execution backends are designed for.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from .protocol import BitMask
+from .protocol import PLAIN_NAME, BitMask, safe_name
 
 MIN_ROW_VALUES = 4
+METRIC_NAME = PLAIN_NAME
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
+_EXACT_LEAVES = frozenset(_PLAIN_LEAVES)
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+# the rolling hash's base (odd, so every power is invertible modulo 2^64); positions are hashed
+# in chunks of _CHUNK, so a reply's scan needs O(_CHUNK + row length) memory whatever its size
+_BASE = 0x9E3779B97F4A7C15
+_CHUNK = 1 << 16
+
+
+def _int64(v: int) -> int:
+    v %= 1 << 64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _attributes(obj: Any) -> Dict[str, Any]:
+    """Python attributes and slot values an object carries besides its content (both are payload)."""
+    out = dict(getattr(obj, "__dict__", None) or {})
+    for cls in type(obj).__mro__:
+        if cls.__module__ == "builtins" or cls in _TENSOR_TYPES:
+            continue
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                out[name] = getattr(obj, name)
+    return out
 
 
 def first_non_plain(obj: Any, path: str = "") -> Optional[Tuple[str, str]]:
-    """(path, type name) of the first value that is not plain data, or None."""
-    if isinstance(obj, (torch.Tensor, BitMask) + _PLAIN_LEAVES):
-        return None
+    """(path, what is wrong) of the first value that is not plain data, or None."""
+    where = path or "<reply>"
+    if isinstance(obj, BitMask):
+        if type(obj) is not BitMask:
+            return where, f"{type(obj).__name__} (a BitMask subclass)"
+        problem = obj.problem()
+        return None if problem is None else (where, f"malformed BitMask ({problem})")
+    if isinstance(obj, torch.Tensor) and type(obj) not in _TENSOR_TYPES:
+        return where, f"{type(obj).__name__} (a tensor subclass)"
+    if not isinstance(obj, _TENSOR_TYPES + _PLAIN_LEAVES + (dict, list, tuple)):
+        return where, type(obj).__name__
+    for name, value in _attributes(obj).items():  # e.g. a state dict's _metadata
+        hit = first_non_plain(value, f"{path}.<attribute {safe_name(name)}>")
+        if hit:
+            return hit
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, (str, int)):
                 return (f"{path}.<key>" if path else "<key>", type(k).__name__)
-            hit = first_non_plain(v, f"{path}.{k}" if path else str(k))
+            hit = first_non_plain(v, f"{path}.{safe_name(k)}" if path else safe_name(k))
             if hit:
                 return hit
-        return None
-    if isinstance(obj, (list, tuple)):
+    elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             hit = first_non_plain(v, f"{path}[{i}]")
             if hit:
                 return hit
-        return None
-    return (path or "<reply>", type(obj).__name__)
+    return None
 
 
 def bad_metric(reply: Dict[str, Any]) -> Optional[str]:
-    """Name of the first plugin metric that is not a single number, or None."""
+    """Why ``reply["metrics"]`` may not reach the logs (a name or a value), or None."""
     metrics = reply.get("metrics")
     if metrics is None:
         return None
     if not isinstance(metrics, dict):
-        return "metrics"
+        return "field 'metrics' is not a dict of named numbers"
     for k, v in metrics.items():
+        if not isinstance(k, str) or not METRIC_NAME.fullmatch(k):
+            return (f"metric name {safe_name(k)} is not a plain name (1-64 letters, digits, '_', '.', '/', '-', "
+                    f"not starting with '.', '/' or '-')")
         if isinstance(v, torch.Tensor) and v.numel() == 1:
             continue
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            return f"metrics.{k}"
+            return f"field 'metrics.{k}' is not a single number; plugin metrics must be scalars per client"
     return None
 
 
-def _numeric_leaves(obj: Any) -> Iterable[torch.Tensor]:
-    """Every tensor in a payload, plus each list/tuple of numbers as one flat float64 tensor."""
+def _sequences(obj: Any) -> Iterator[Tuple[str, Any]]:
+    """What is scanned for raw rows: ('tensor', t) for every tensor (its storage, its values in row-major order
+    and along its other dimensions) and ('values', flat float64) for every list/tuple's numbers read in order."""
     if isinstance(obj, torch.Tensor):
-        yield obj
+        yield "tensor", obj
+    elif isinstance(obj, BitMask):
+        yield "tensor", obj.packed
+        yield "values", torch.tensor([float(v) for v in obj.shape], dtype=torch.float64)
     elif isinstance(obj, dict):
         for v in obj.values():
-            yield from _numeric_leaves(v)
+            yield from _sequences(v)
     elif isinstance(obj, (list, tuple)):
-        flat: List[float] = []
-        if _flatten_numbers(obj, flat):
-            if flat:
-                yield torch.tensor(flat, dtype=torch.float64)
-        else:
-            for v in obj:
-                yield from _numeric_leaves(v)
+        parts: List[torch.Tensor] = []
+        numbers: List[float] = []
+        nested: List[Any] = []
+        _collect(obj, parts, numbers, nested)
+        if numbers:
+            parts.append(torch.tensor(numbers, dtype=torch.float64))
+        if len(parts) > 1 or (parts and not any(parts[0] is v for v in nested)):  # a lone tensor: read below
+            yield "values", torch.cat([_widen(p.reshape(-1)) for p in parts])
+        for item in nested:
+            yield from _sequences(item)
+    if type(obj) not in _EXACT_LEAVES and not isinstance(obj, BitMask):
+        attrs = _attributes(obj)
+        if attrs:
+            yield from _sequences(attrs)
 
 
-def _flatten_numbers(obj: Any, out: List[float]) -> bool:
-    for v in obj:
-        if isinstance(v, (list, tuple)):
-            if not _flatten_numbers(v, out):
-                return False
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out.append(float(v))
-        else:
-            return False
-    return True
+def _collect(seq: Any, parts: List[torch.Tensor], numbers: List[float], nested: List[Any]) -> None:
+    """Numbers and tensors of a list (through nested lists/tuples) in order; tensors and dicts also go to
+    ``nested`` (their own storage and dimension checks)."""
+    for v in seq:
+        if type(v) not in _EXACT_LEAVES and not isinstance(v, (torch.Tensor, dict, BitMask)):
+            attrs = _attributes(v)  # a subclass of str, int, list... carrying attributes
+            if attrs:
+                nested.append(attrs)
+        if isinstance(v, (bool, int, float)):
+            numbers.append(float(v))
+        elif isinstance(v, torch.Tensor):
+            if numbers:
+                parts.append(torch.tensor(numbers, dtype=torch.float64))
+                numbers.clear()
+            if not v.is_complex():
+                parts.append(v)
+            nested.append(v)
+        elif isinstance(v, (list, tuple)):
+            _collect(v, parts, numbers, nested)
+        elif isinstance(v, (dict, BitMask)):
+            nested.append(v)
 
 
 class _ClientRows:
-    """One client's raw rows (fingerprinted) and label vectors."""
+    """One client's raw rows (fingerprinted), the memory they occupy, and its label vectors."""
 
-    def __init__(self, xs: List[torch.Tensor], ys: List[torch.Tensor], weights: torch.Tensor):
-        self.weights = weights
-        self.storages = set()
+    def __init__(self, xs: List[torch.Tensor], ys: List[torch.Tensor], hasher: "_RollingHash"):
+        self.memory: List[Tuple[int, int]] = []
         for t in xs + ys:
             try:
-                self.storages.add(t.untyped_storage().data_ptr())
+                storage = t.untyped_storage()
+                self.memory.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
             except RuntimeError:
                 pass
         first = xs[0] if xs else None
@@ -119,24 +186,96 @@ class _ClientRows:
             for s, source in enumerate(self.sources):
                 rows = _widen(source)
                 varied = (rows != rows[:, :1]).any(dim=1)
-                prints = _fingerprints(rows, weights)
+                prints = hasher.rows(rows)
                 for i in torch.nonzero(varied).flatten().tolist():
                     self.index.setdefault(int(prints[i]), []).append((s, i))
         self.known = torch.tensor(sorted(self.index), dtype=torch.int64)
+        self.filter = _Filter(self.known)
         self.labels = [y.detach().reshape(-1).to("cpu", torch.float64) + 0.0 for y in ys
                        if y.numel() >= MIN_ROW_VALUES and bool((y.reshape(-1) != y.reshape(-1)[0]).any())]
 
 
 def _widen(t: torch.Tensor) -> torch.Tensor:
     """``t`` as CPU float64 with -0.0 folded into 0.0, the form rows are fingerprinted and compared in."""
-    return t.to("cpu", torch.float64) + 0.0
+    return t.detach().to("cpu", torch.float64, copy=True).add_(0.0)
 
 
-def _fingerprints(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """An exact-equality fingerprint per row: int64 dot product of the float64 bit patterns (wrapping arithmetic,
-    so the result does not depend on summation order)."""
-    bits = rows.contiguous().view(torch.int64)
-    return (bits * weights[: rows.shape[1]]).sum(dim=1)
+class _Filter:
+    """A bit set over the high bits of a client's row hashes (8 bytes per row): a window whose bit is clear
+    cannot be a row, so only about 1 window in 64 is looked up exactly."""
+
+    def __init__(self, known: torch.Tensor):
+        self.shift = 64 - max(6, int(len(known) * 64 - 1).bit_length())
+        self.words = torch.zeros(1 << (64 - self.shift - 6), dtype=torch.int64)
+        slots = (known >> self.shift) & ((1 << (64 - self.shift)) - 1)
+        for word, bit in zip((slots >> 6).tolist(), (slots & 63).tolist()):
+            self.words[word] |= _int64(1 << bit)
+
+
+class _RollingHash:
+    """h(v[p:p+n]) = sum_j bits(v[p+j]) * B^j mod 2^64 of float64 bit patterns, for one row or for every offset p
+    of a sequence.
+
+    Wrapping int64 arithmetic, so the result does not depend on summation order. At offset p the prefix sums
+    give B^p * h, and B's inverse power undoes the B^p: one pass over the sequence whatever the row length.
+    Sequences are read in chunks of _CHUNK windows into buffers kept between replies (fresh multi-megabyte
+    buffers per reply cost more in page faults than the arithmetic). Float32-origin values end in 29 zero bits,
+    and so do their hashes: a hash's high bits pick its filter bit."""
+
+    def __init__(self) -> None:
+        self._pow = torch.ones(1, dtype=torch.int64)
+        self._inv = torch.ones(1, dtype=torch.int64)
+        self._buffers: Dict[str, torch.Tensor] = {}
+
+    def _tables(self, size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        if len(self._pow) < size:
+            size = max(size, 2 * len(self._pow))
+            self._pow = torch.cat([torch.ones(1, dtype=torch.int64),
+                                   torch.full((size - 1,), _int64(_BASE), dtype=torch.int64).cumprod(0)])
+            inverse = pow(_BASE, -1, 1 << 64)
+            self._inv = torch.cat([torch.ones(1, dtype=torch.int64),
+                                   torch.full((size - 1,), _int64(inverse), dtype=torch.int64).cumprod(0)])
+        return self._pow, self._inv
+
+    def _buffer(self, name: str, size: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._buffers.get(name)
+        if buf is None or len(buf) < size:
+            buf = self._buffers[name] = torch.empty(size, dtype=dtype)
+        return buf[:size]
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        powers, _ = self._tables(rows.shape[1])
+        return (rows.contiguous().view(torch.int64) * powers[: rows.shape[1]]).sum(dim=1)
+
+    def candidates(self, source: torch.Tensor, n: int, filt: _Filter
+                   ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(values, offsets, hashes) per chunk of the 1-D ``source``: the chunk's values as float64 (-0.0 folded
+        into 0.0) and the offsets in it, with their hashes, of the length-n windows whose filter bit is set."""
+        total = len(source) - n + 1
+        powers, inverse = self._tables(min(total, _CHUNK) + n)
+        for start in range(0, total, _CHUNK):
+            count = min(_CHUNK, total - start)
+            m = count + n - 1
+            values = self._buffer("values", m, torch.float64)
+            values.copy_(source[start: start + m]).add_(0.0)
+            terms = self._buffer("terms", m, torch.int64)
+            torch.mul(values.view(torch.int64), powers[:m], out=terms)
+            prefix = self._buffer("prefix", m + 1, torch.int64)
+            prefix[0] = 0
+            torch.cumsum(terms, 0, out=prefix[1:])
+            hashes = self._buffer("hashes", count, torch.int64)
+            torch.sub(prefix[n: n + count], prefix[:count], out=hashes).mul_(inverse[:count])
+            slots = self._buffer("slots", count, torch.int64)
+            torch.bitwise_right_shift(hashes, filt.shift, out=slots)
+            slots.bitwise_and_((1 << (64 - filt.shift)) - 1)
+            word_at = self._buffer("word_at", count, torch.int64)
+            torch.bitwise_right_shift(slots, 6, out=word_at)
+            words = self._buffer("words", count, torch.int64)
+            torch.index_select(filt.words, 0, word_at, out=words)
+            words.bitwise_right_shift_(slots.bitwise_and_(63)).bitwise_and_(1)
+            offsets = torch.nonzero(words).flatten()
+            if len(offsets):
+                yield values, offsets, hashes.index_select(0, offsets)
 
 
 class PrivacyGuard:
@@ -144,16 +283,10 @@ class PrivacyGuard:
 
     def __init__(self) -> None:
         self._clients: Dict[int, _ClientRows] = {}
-        gen = torch.Generator().manual_seed(0x5EED)
-        self._weights = torch.randint(-(2 ** 62), 2 ** 62, (1 << 16,), generator=gen, dtype=torch.int64) | 1
+        self._hash = _RollingHash()
 
     def register(self, cid: int, inputs: List[torch.Tensor], labels: List[torch.Tensor]) -> None:
-        weights = self._weights
-        row_len = int(inputs[0][0].numel()) if inputs and len(inputs[0]) else 0
-        if row_len > len(weights):  # rows longer than the weight table: extend it deterministically
-            gen = torch.Generator().manual_seed(row_len)
-            weights = torch.randint(-(2 ** 62), 2 ** 62, (row_len,), generator=gen, dtype=torch.int64) | 1
-        self._clients[cid] = _ClientRows(inputs, labels, weights)
+        self._clients[cid] = _ClientRows(inputs, labels, self._hash)
 
     def violation(self, cid: int, reply: Any) -> Optional[str]:
         plain = first_non_plain(reply)
@@ -162,40 +295,54 @@ class PrivacyGuard:
                     f"may leave a client (privacy boundary)")
         metric = bad_metric(reply) if isinstance(reply, dict) else None
         if metric is not None:
-            return f"reply field '{metric}' is not a single number; plugin metrics must be scalars per client"
+            return f"reply {metric}"
         client = self._clients.get(cid)
         if client is None:
             return None
-        for t in _numeric_leaves(reply):
-            reason = self._tensor_leak(client, t)
+        for kind, item in _sequences(reply):
+            reason = self._tensor_leak(client, item) if kind == "tensor" else self._values_leak(client, item)
             if reason:
-                return f"reply contains {reason} of the client's raw data (privacy boundary)"
+                return f"reply contains {reason} (privacy boundary)"
         return None
 
     def _tensor_leak(self, client: _ClientRows, t: torch.Tensor) -> Optional[str]:
         try:
-            if t.untyped_storage().data_ptr() in client.storages:
-                return "a tensor sharing storage with the data"
+            storage = t.untyped_storage()
+            start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+            if any(start < hi and lo < end for lo, hi in client.memory):
+                return "a tensor sharing memory with the client's raw data"
         except RuntimeError:
             pass
         if t.is_complex() or t.numel() == 0:
             return None
-        flat = t.detach().reshape(-1).to("cpu", torch.float64) + 0.0
+        t = t.detach()
+        reason = self._values_leak(client, t.reshape(-1))
+        if reason or not client.check_rows:
+            return reason
+        for dim in range(t.dim() - 1):  # rows running along another dimension (columns of a matrix, ...)
+            if t.shape[dim] >= client.row_len:
+                reason = self._rows_leak(client, t.movedim(dim, -1).reshape(-1))
+                if reason:
+                    return reason
+        return None
+
+    def _values_leak(self, client: _ClientRows, flat: torch.Tensor) -> Optional[str]:
+        """``flat``: a 1-D tensor of any real dtype, read in order."""
         for labels in client.labels:
-            if flat.numel() == labels.numel() and torch.equal(flat, labels):
-                return "a label vector"
-        if not client.check_rows:
+            if flat.numel() == labels.numel() and torch.equal(_widen(flat), labels):
+                return "a label vector of the client's raw data"
+        return self._rows_leak(client, flat) if client.check_rows else None
+
+    def _rows_leak(self, client: _ClientRows, source: torch.Tensor) -> Optional[str]:
+        n, known = client.row_len, client.known
+        if source.numel() < n or not len(known):
             return None
-        n = client.row_len
-        candidates = []
-        if flat.numel() % n == 0:
-            candidates.append(flat.reshape(-1, n))
-        if t.dim() == 2 and t.shape[0] == n:
-            candidates.append(t.detach().to("cpu", torch.float64).t().contiguous() + 0.0)
-        for rows in candidates:
-            prints = _fingerprints(rows, client.weights)
-            for r in torch.nonzero(torch.isin(prints, client.known)).flatten().tolist():
-                for s, i in client.index[int(prints[r])]:
-                    if torch.equal(rows[r], _widen(client.sources[s][i])):
-                        return "an input row"
+        for values, offsets, hashes in self._hash.candidates(source, n, client.filter):
+            at = torch.searchsorted(known, hashes).clamp_(max=len(known) - 1)
+            for p, h in zip(offsets[known.index_select(0, at) == hashes].tolist(),
+                            hashes[known.index_select(0, at) == hashes].tolist()):
+                window = values[p: p + n]
+                for s, i in client.index[h]:
+                    if torch.equal(window, _widen(client.sources[s][i])):
+                        return "an input row of the client's raw data"
         return None

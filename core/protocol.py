@@ -8,10 +8,26 @@ client i's model (PCFL) -- the core only routes them, counts their bytes and che
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping
 
 import torch
+
+
+# a name that may appear in logs and metric files as it is: metric names, and reply keys quoted in messages
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,63}")
+
+
+def safe_name(key: Any) -> str:
+    """``key`` as it may appear in a log line: itself when it is a plain name or an int, else its type and length
+    (a client's key may hold anything, e.g. raw bytes)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key)
+    if isinstance(key, str) and PLAIN_NAME.fullmatch(key):
+        return key
+    size = f" of {len(key)} characters" if isinstance(key, str) else ""
+    return f"<{type(key).__name__}{size}>"
 
 
 @dataclass
@@ -46,6 +62,20 @@ class BitMask:
     @property
     def nbytes(self) -> int:
         return int(self.packed.numel())
+
+    def problem(self) -> str | None:
+        """Why this is not a mask as ``__init__`` builds it (its slots are writable), or None: the shape must be
+        a tuple of non-negative ints and ``packed`` a flat uint8 tensor of exactly the bytes the shape needs, so
+        that it carries nothing but the mask and is counted right on the wire."""
+        shape = getattr(self, "shape", None)
+        if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape) or len(shape) > 64:
+            return "its shape is not a tuple of at most 64 non-negative ints"
+        packed = getattr(self, "packed", None)
+        if type(packed) is not torch.Tensor or packed.dtype != torch.uint8 or packed.dim() != 1:
+            return "its buffer is not a flat uint8 tensor"
+        if packed.numel() != (math.prod(shape) + 7) // 8:
+            return f"its buffer holds {packed.numel()} bytes, its shape needs {(math.prod(shape) + 7) // 8}"
+        return None
 
 
 def payload_nbytes(obj: Any) -> int:
@@ -91,7 +121,7 @@ def first_non_finite(obj: Any, path: str = "") -> str | None:
         return None if math.isfinite(obj) else (path or "<payload>")
     if isinstance(obj, Mapping):
         for k, v in obj.items():
-            hit = first_non_finite(v, f"{path}.{k}" if path else str(k))
+            hit = first_non_finite(v, f"{path}.{safe_name(k)}" if path else safe_name(k))
             if hit:
                 return hit
     elif isinstance(obj, (list, tuple)):
