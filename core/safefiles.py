@@ -119,7 +119,7 @@ def write_atomic(path: Union[str, Path], data: Union[bytes, str]) -> None:
     path = Path(path)
     check_entry(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path.name), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; run directories are shared
@@ -177,6 +177,24 @@ def read_regular(path: Union[str, Path], limit: int) -> bytes:
     if len(data) > limit:  # grew while being read
         raise RunFileError(f"{path} holds more than the {limit} bytes pflkit reads from such a file; refused")
     return data
+
+
+def temporary_prefix(name: str) -> str:
+    """Prefix of ``write_atomic``'s temporary files for ``name`` (they end in ``.tmp``)."""
+    return f".{name}-"
+
+
+def remove_temporaries(directory: Union[str, Path], names: Iterable[str]) -> int:
+    """Delete temporaries ``write_atomic`` left for ``names`` in ``directory`` when killed mid-write; how many."""
+    n = 0
+    for name in names:
+        for p in Path(directory).glob(f"{temporary_prefix(name)}*.tmp"):
+            try:
+                os.unlink(p)  # a link is removed itself, never its target
+                n += 1
+            except OSError:
+                pass
+    return n
 
 
 def unlink_entry(path: Union[str, Path]) -> None:

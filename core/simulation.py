@@ -34,7 +34,7 @@ from .distributed.silent import SilentReporter, SilentRunLogger
 from .monitor import RoundReporter, RunLogger, append_run_log
 from .privacy import PrivacyGuard
 from .rundir import RunDirLock
-from .safefiles import check_run_dir, open_append, read_regular, unlink_entry, write_atomic
+from .safefiles import check_run_dir, open_append, read_regular, remove_temporaries, unlink_entry, write_atomic
 from .seeding import derive_seed, rng_state, seed_everything, set_rng_state
 from .server import ServerContext, SetupStep
 from .threads import effective_threads, torch_threads
@@ -272,6 +272,7 @@ class Simulation:
             if self.is_writer:
                 self._lock.acquire()
                 remove_orphaned_temporaries(self.run_dir)
+                remove_temporaries(self.run_dir, RUN_FILES)  # of a rewrite that was killed
                 if _restart or dead:
                     for name in ("metrics.jsonl", "summary.json"):
                         unlink_entry(self.run_dir / name)

@@ -268,3 +268,12 @@ def test_shared_samples_name_the_clients(splits, fragment):
         check_no_shared_samples([ClientSplit(np.array(a), np.array(b)) for a, b in splits], "partition")
     check_no_shared_samples([ClientSplit(np.array([0, 1]), np.array([2])), ClientSplit(np.array([3]), np.array([]))],
                             "partition")
+
+
+def test_temporaries_of_a_killed_rewrite_are_removed_on_resume(run):
+    for name in (".config.json-k1ll3d.tmp", ".summary.json-x.tmp"):
+        (run / name).write_text("{half")
+    res = fl("run", "--resume", str(run), "--set", "rounds=3")
+    assert res.exit_code == 0, res.output
+    assert not list(run.glob(".*.tmp"))
+    assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 3
