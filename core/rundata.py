@@ -107,7 +107,7 @@ def _is_round(value: Any) -> bool:
 
 
 # summary.json: the fields the commands read and what each must be (a number may be null: not evaluated)
-_SUMMARY_FIELDS = {"metric": (str, "a name"), "rounds_completed": (_is_round, "a round number"),
+_SUMMARY_FIELDS = {"metric": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a name of 1-64 characters"), "rounds_completed": (_is_round, "a round number"),
                    "interrupted": (bool, "true or false"), "client_failures": (_is_number, "a number"),
                    "bytes_up_total": (_is_number, "a number"), "bytes_down_total": (_is_number, "a number")}
 _SUMMARY_SECTIONS = ("final", "best", "best_weighted", "last")

@@ -151,6 +151,8 @@ def _damage(run_dir, case):
         _summary(run_dir, rounds_completed="2")
     elif case == "metric is a list":
         _summary(run_dir, metric=["accuracy"])
+    elif case == "metric name of 1 MB":
+        _summary(run_dir, metric="m" * 1_000_000)
     elif case == "interrupted as a number":
         _summary(run_dir, interrupted=3)
     elif case == "summary is a list":
@@ -186,7 +188,8 @@ def _damage(run_dir, case):
     ("final is a list", "'final' is list, expected an object"),
     ("number as a string", "'best.uniform' is str, expected a number or null"),
     ("rounds_completed as a string", "'rounds_completed' is str, expected a round number"),
-    ("metric is a list", "'metric' is list, expected a name"),
+    ("metric is a list", "'metric' is list, expected a name of 1-64 characters"),
+    ("metric name of 1 MB", "'metric' is str, expected a name of 1-64 characters"),
     ("interrupted as a number", "'interrupted' is int, expected true or false"),
     ("summary is a list", "not a JSON object"),
     ("metrics line is a list", "line 1 is not a round record"),
