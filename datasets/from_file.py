@@ -40,7 +40,10 @@ def read_split(path: str) -> Tuple[dict, List[dict]]:
         raise DataError(f"partition file {str(file)!r} does not exist (partition.from / partition.path: a run "
                         f"directory or a JSON split file)")
     try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
+        from pflkit.core.safefiles import read_regular  # bounded; no FIFO or device (a hang, endless memory)
+        from pflkit.core.strictjson import loads as strict_loads  # no duplicate keys, no deep nesting
+
+        doc = strict_loads(read_regular(file, 1 << 30).decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise DataError(f"partition file {str(file)!r} cannot be read as JSON ({type(exc).__name__}: "
                         f"{str(exc)[:120]})") from None
