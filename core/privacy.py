@@ -39,6 +39,7 @@ MIN_ROW_VALUES = 4
 METRIC_NAME = PLAIN_NAME
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _EXACT_LEAVES = frozenset(_PLAIN_LEAVES)
+_NO_ATTRIBUTES = _EXACT_LEAVES | {dict, list, tuple}  # instances of these cannot carry attributes
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # the rolling hash's base (odd, so every power is invertible modulo 2^64); positions are hashed
 # in chunks of _CHUNK, so a reply's scan needs O(_CHUNK + row length) memory whatever its size
@@ -53,6 +54,8 @@ def _int64(v: int) -> int:
 
 def _attributes(obj: Any) -> Dict[str, Any]:
     """Python attributes and slot values an object carries besides its content (both are payload)."""
+    if type(obj) in _NO_ATTRIBUTES:
+        return {}
     out = dict(getattr(obj, "__dict__", None) or {})
     for cls in type(obj).__mro__:
         if cls.__module__ == "builtins" or cls in _TENSOR_TYPES:
@@ -72,8 +75,11 @@ def first_non_plain(obj: Any, path: str = "") -> Optional[Tuple[str, str]]:
             return where, f"{type(obj).__name__} (a BitMask subclass)"
         problem = obj.problem()
         return None if problem is None else (where, f"malformed BitMask ({problem})")
-    if isinstance(obj, torch.Tensor) and type(obj) not in _TENSOR_TYPES:
-        return where, f"{type(obj).__name__} (a tensor subclass)"
+    if isinstance(obj, torch.Tensor):
+        if type(obj) not in _TENSOR_TYPES:
+            return where, f"{type(obj).__name__} (a tensor subclass)"
+        if obj.layout != torch.strided or obj.is_quantized or obj.is_meta:  # only dense values can be checked
+            return where, f"tensor of layout {obj.layout}, dtype {obj.dtype} on {obj.device}"
     if not isinstance(obj, _TENSOR_TYPES + _PLAIN_LEAVES + (dict, list, tuple)):
         return where, type(obj).__name__
     for name, value in _attributes(obj).items():  # e.g. a state dict's _metadata
@@ -313,9 +319,9 @@ class PrivacyGuard:
                 return "a tensor sharing memory with the client's raw data"
         except RuntimeError:
             pass
-        if t.is_complex() or t.numel() == 0:
+        if t.numel() == 0:
             return None
-        t = t.detach()
+        t = torch.view_as_real(t.detach()) if t.is_complex() else t.detach()  # real parts along dim -2
         reason = self._values_leak(client, t.reshape(-1))
         if reason or not client.check_rows:
             return reason

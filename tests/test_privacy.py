@@ -108,6 +108,9 @@ LEAKS = {
     "a tensor carrying rows in a Python attribute": (tensor_with_attribute, True),
     "a string subclass carrying a row in an attribute": (string_with_attribute, True),
     "a tensor over the data's memory at an offset": (memory_view_at_offset, True),
+    "a sparse copy of a row": (lambda c: x_of(c)[0].flatten().clone().to_sparse(), True),
+    "rows as the real parts of a complex tensor": (
+        lambda c: torch.complex(x_of(c)[:2].reshape(2, -1).clone(), torch.zeros(2, row_len(c))), True),
     # documented as passing: the guard catches copies, not transformations or encodings
     "lossy half-precision copy": (lambda c: x_of(c).half(), False),
     "noise added": (lambda c: x_of(c) + 1e-3, False),
