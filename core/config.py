@@ -256,6 +256,7 @@ def resolve(layers: List[Mapping[str, Any]], algorithm: Optional[str] = None) ->
     algo_defaults = copy.deepcopy(dict(getattr(algo, "defaults", {}) or {}))
     algo_defaults.setdefault("trainer", {}).setdefault("name", algo.trainer)
     algo_defaults.setdefault("aggregator", {}).setdefault("name", algo.aggregator)
+    algo_defaults = _with_dataset_defaults(algo_defaults, user)
 
     # An algorithm's defaults for a component section only apply while that component stays the one the
     # algorithm chose: switching ``trainer.name`` must not drag the old trainer's keys along.
@@ -293,6 +294,24 @@ def resolve(layers: List[Mapping[str, Any]], algorithm: Optional[str] = None) ->
         out[section] = _validate_section(section + ".", values, spec)
     _check_cross_field(out)
     return EasyDict(out)
+
+
+def _with_dataset_defaults(algo_defaults: Dict[str, Any], user: Mapping[str, Any]) -> Dict[str, Any]:
+    """The chosen dataset's ``defaults`` (what its inputs need, e.g. a text set's model and natural partition) laid
+    over the algorithm's: an algorithm's default model is an image model, which cannot read tabular rows or
+    characters. A section whose component the dataset changes drops the algorithm's keys for the old component;
+    the user's file and --set values still outrank both."""
+    chosen = user.get("dataset") if isinstance(user.get("dataset"), Mapping) else {}
+    name = chosen.get("name", (algo_defaults.get("dataset") or {}).get("name",
+                                                                      COMPONENT_SECTIONS["dataset"][1]["name"].default))
+    if not isinstance(name, str):
+        return algo_defaults
+    extra = copy.deepcopy(dict(getattr(reg.DATASETS.get(name), "defaults", None) or {}))
+    for section, values in extra.items():
+        if section in COMPONENT_SECTIONS and isinstance(values, Mapping) and values.get("name") is not None:
+            if (algo_defaults.get(section) or {}).get("name") != values["name"]:
+                algo_defaults[section] = {}
+    return deep_merge(algo_defaults, extra)
 
 
 def _partition_from(user: Dict[str, Any]) -> Dict[str, Any]:

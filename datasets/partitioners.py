@@ -281,3 +281,37 @@ def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, group
 shards.params = {
     "shards_per_client": Param(2, "label-sorted shards per client (FedAvg: 2)", check=positive),
 }
+
+
+# Natural clients in reading order -----------------------------------------------------------------------------
+def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups: Optional[np.ndarray] = None,
+            test_fraction: float = 0.2):
+    """One client per natural group (a speaker, a writer), its samples split in dataset order: the first
+    ``1 - test_fraction`` train, the rest (at least one) test -- the FedAvg paper's split of a Shakespeare role
+    into its first 80% and last 20% of lines. With fewer clients than groups, a seeded choice of groups."""
+    from pflkit.core.data import ClientSplit
+
+    if groups is None:
+        raise DataError("partitioner 'natural' needs a dataset that defines groups (speakers, writers); this dataset "
+                        "has none -- pick another partition.name")
+    codes = np.asarray(groups)
+    uniq = np.unique(codes)
+    if num_clients > len(uniq):
+        raise DataError(f"partitioner 'natural': the dataset has {len(uniq)} groups, fewer than partition.num_clients "
+                        f"= {num_clients}")
+    chosen = uniq if num_clients == len(uniq) else np.sort(rng.choice(uniq, size=num_clients, replace=False))
+    out = []
+    for g in chosen:
+        idx = np.flatnonzero(codes == g)  # ascending: the dataset's reading order
+        if len(idx) < 2:
+            raise DataError(f"partitioner 'natural': group {int(g)} has {len(idx)} sample; each client needs at "
+                            f"least one training and one test sample")
+        n_test = min(len(idx) - 1, max(1, int(np.ceil(test_fraction * len(idx)))))
+        out.append(ClientSplit(idx[:len(idx) - n_test], idx[len(idx) - n_test:]))
+    return out
+
+
+natural.params = {
+    "test_fraction": Param(0.2, "fraction of each client's samples, the last ones in reading order, that it tests on",
+                           check=lambda v: None if 0 < v < 1 else "must lie in (0, 1)"),
+}

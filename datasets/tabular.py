@@ -15,6 +15,7 @@ from pflkit.core.params import Param
 from pflkit.core.task import classification
 
 from ._common import data_root
+from .packaged import ADULT
 
 
 def _is_number(text: str) -> bool:
@@ -154,15 +155,25 @@ ADULT_COLUMNS = ["age", "workclass", "fnlwgt", "education", "education-num", "ma
 
 def load_adult(root: Optional[str] = None, download: bool = True, path: str = "adult.data",
                group_values: Optional[list] = None) -> DatasetBundle:
-    """UCI Adult (census income >50K) from its headerless ``adult.data`` in ``dataset.root``: 14 features,
-    label ``income``; ``fnlwgt`` (a sampling weight) and ``education-num`` (a duplicate of education) are dropped.
-    Groups: education; with ``group_values`` (e.g. [Doctorate]) PCFL's two clients, listed values vs the rest."""
+    """UCI Adult (census income >50K) from its headerless ``adult.data`` in ``dataset.root`` (or ``adult/`` under
+    it, where ``fl data install adult`` puts it): 14 features, label ``income``; ``fnlwgt`` (a sampling weight) and
+    ``education-num`` (a duplicate of education) are dropped. Groups: education; with ``group_values`` (e.g.
+    [Doctorate]) PCFL's two clients, listed values vs the rest."""
+    if not Path(path).expanduser().is_absolute():
+        base = data_root(root)
+        if not (base / path).exists() and (base / ADULT.folder / path).exists():
+            path = str(base / ADULT.folder / path)
     return load_csv(root, download, path=path, label_column="income", header=False, columns=ADULT_COLUMNS,
                     drop_columns=["fnlwgt", "education-num"], group_column="education", group_values=group_values)
 
+
+load_adult.sources = (ADULT,)
 
 load_adult.params = {
     "path": Param("adult.data", "the headerless Adult CSV (absolute, or relative to dataset.root)"),
     "group_values": Param(None, "education values forming group 1 (default: one group per education value)",
                           type=list),
 }
+# rows of numbers, not images: the built-in image models cannot read them
+load_adult.defaults = {"model": {"name": "mlp"}}
+load_csv.defaults = {"model": {"name": "mlp"}}

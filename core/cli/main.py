@@ -33,6 +33,9 @@ def _register_commands() -> None:
 
     cli.add_command(plot_command)
     cli.add_command(export_command)
+    from .data import data_command
+
+    cli.add_command(data_command)
 
 
 _register_commands()
