@@ -145,7 +145,9 @@ class FederatedData:
         from .safefiles import read_regular
 
         try:
-            doc = json.loads(read_regular(path, _MAX_PARTITION_BYTES).decode("utf-8"))
+            from .strictjson import loads as strict_loads  # duplicate keys, deep nesting: refused (ValueError)
+
+            doc = strict_loads(read_regular(path, _MAX_PARTITION_BYTES).decode("utf-8"))
             splits = [ClientSplit(_index_array(c["train_indices"]), _index_array(c["test_indices"]))
                       for c in doc["clients"]]
         except (ValueError, TypeError, KeyError, OSError) as exc:

@@ -436,3 +436,11 @@ def test_compare_logs_to_tensorboard_and_refuses_a_hostile_reused_run(tmp_path):
     os.symlink("/dev/zero", run_dir / "summary.json")
     with deadline(30):
         one_clear_line(fl(*args), "is a symbolic link")
+
+
+@pytest.mark.parametrize("content, fragment", [("deep", "nested more than 32 levels deep"),
+                                               ("duplicate", "duplicate key 'clients'")])
+def test_partition_json_read_on_resume(run, content, fragment):
+    (run / "partition.json").write_text('{"clients": ' + DEEP + "}" if content == "deep" else
+                                        '{"clients": [], "clients": []}')
+    one_clear_line(fl("run", "--resume", run, "--no-progress", "--set", "rounds=3"), fragment)
