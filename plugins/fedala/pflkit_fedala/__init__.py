@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from pflkit.core import Algorithm, ClientTrainer, ConfigError, GlobalModelAggregator, LocalSGDTrainer, Param, ServerAggregator
+from pflkit.core import (Algorithm, ClientTrainer, ConfigError, GlobalModelAggregator, LocalSGDTrainer, Param,
+                         ServerAggregator)
 from pflkit.core.client import host_copy, state_declared
 from pflkit.core.params import non_negative, positive
 from pflkit.core.seeding import derive_seed

@@ -21,7 +21,7 @@ import torch
 
 from pflkit.core import Algorithm, LocalSGDTrainer, Param, make_optimizer
 from pflkit.core.client import host_copy
-from pflkit.core.params import non_negative, positive
+from pflkit.core.params import positive
 from pflkit.core.state import load_into, proximal_term
 from pflkit.core.training import clip_gradients
 from pflkit_fedavg import WEIGHTINGS, FedAvgAggregator
