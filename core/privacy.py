@@ -112,7 +112,7 @@ def bad_metric(reply: Dict[str, Any]) -> Optional[str]:
         if not isinstance(k, str) or not METRIC_NAME.fullmatch(k):
             return (f"metric name {safe_name(k)} is not a plain name (1-64 letters, digits, '_', '.', '/', '-', "
                     f"not starting with '.', '/' or '-')")
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
+        if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex():
             continue
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             return f"field 'metrics.{k}' is not a single number; plugin metrics must be scalars per client"
