@@ -43,7 +43,7 @@ def legend_outside(ax: Any, fontsize: int = 7) -> None:
     which makes room for it); below rather than beside, so that side-by-side axes do not cover each other."""
     labels = ax.get_legend_handles_labels()[1]
     if labels:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), borderaxespad=0.0, fontsize=fontsize,
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), borderaxespad=0.0, fontsize=fontsize,
                   ncol=1 if max(map(len, labels)) > 60 else 2, frameon=False)
 
 

@@ -322,13 +322,16 @@ def test_legends_are_outside_the_axes_and_bands_get_lighter():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots()
+    fig, (ax, _) = plt.subplots(1, 2, figsize=(12, 4.4))  # fl plot's figure
     for i in range(12):
         ax.plot([1, 2, 3], [i, i + 1, i + 2], label=f"run-{i} uniform")
+    ax.set_xlabel("round")
     legend_outside(ax)
+    fig.tight_layout()  # as fl plot does
     fig.canvas.draw()
     box, frame = ax.get_legend().get_window_extent(), ax.get_window_extent()
     assert box.y1 <= frame.y0, "the legend overlaps the plotted area"
+    assert box.y1 <= ax.xaxis.label.get_window_extent().y0, "the legend covers the axis label"
     plt.close(fig)
     assert band_alpha(1) == 0.2 and band_alpha(4) < 0.1 and band_alpha(100) == 0.04
     assert all(band_alpha(n + 1) <= band_alpha(n) for n in range(1, 30))
