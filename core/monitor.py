@@ -218,6 +218,7 @@ class RoundReporter:
             if done is not None and total:
                 if not self._bar_in_setup:  # the rounds' bar counts set-up until it ends
                     self._bar_in_setup = True
+                    self.bar.unit = "step"
                     self.bar.reset(total=total)
                     self.bar.set_description(f"{self.desc} set-up")
                 self.bar.n = done
@@ -230,6 +231,7 @@ class RoundReporter:
         """Set-up is over: the bar counts rounds again."""
         if self.bar is not None and self._bar_in_setup:
             self._bar_in_setup = False
+            self.bar.unit = "round"
             self.bar.reset(total=self.total)
             self.bar.update(self.initial)
             self.bar.set_description(self.desc)
