@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import re
 import shutil
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
@@ -28,7 +26,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 import torch
 
 from .errors import CheckpointError, ConfigError
-from .safefiles import RunFileError, ensure_dir, read_regular
+from .safefiles import OwnDir, RunFileError, check_entry
 
 SPILL_DIR = "client_state"
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
@@ -105,6 +103,7 @@ class ClientStateStore:
     def __init__(self, budget: Optional[int] = None, spill_dir: Optional[Path] = None) -> None:
         self.budget = budget
         self.spill_dir = Path(spill_dir) if spill_dir is not None else None
+        self._dir = OwnDir(self.spill_dir) if spill_dir is not None else None  # held open from the first spill
         self._memory: "OrderedDict[int, Any]" = OrderedDict()  # least recently used first
         self._bytes: Dict[int, int] = {}
         self._spilled: Set[int] = set()
@@ -202,13 +201,10 @@ class ClientStateStore:
 
     def _unlink(self, path: Path) -> None:
         self._sums.pop(path.name, None)
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        self._dir.unlink(path.name)
 
     def _rename(self, src: Path, dst: Path) -> None:
-        os.replace(src, dst)  # renames the entry itself (a link is never followed)
+        self._dir.rename(src.name, dst.name)  # renames the entry itself (a link is never followed)
         self._sums[dst.name] = self._sums.pop(src.name, ("", -1))
 
     def clear(self) -> None:
@@ -221,7 +217,8 @@ class ClientStateStore:
         self._sums.clear()
         self.memory_bytes = 0
         if self.spill_dir is not None:
-            shutil.rmtree(self.spill_dir, ignore_errors=True)
+            self._dir.close()
+            shutil.rmtree(self.spill_dir, ignore_errors=True)  # refuses a link: only a real folder is removed
 
     # spill files ------------------------------------------------------------------------------------------
     def _path(self, cid: int) -> Path:
@@ -237,20 +234,15 @@ class ClientStateStore:
         self._spilled.add(cid)
 
     def _write(self, cid: int, state: Any, target: Path) -> None:
-        tmp = None
         try:
             data = _serialise(cid, state)
-            self.spill_dir.parent.mkdir(parents=True, exist_ok=True)
-            ensure_dir(self.spill_dir)  # a real directory: a client_state link planted there is refused
-            fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=self.spill_dir)  # O_EXCL: a new file
-            with os.fdopen(fd, "wb") as f:
-                _write_state(data, f)
-            os.replace(tmp, target)
+            if self._dir.fd is None:  # first spill: the folder (and a distributed rank's parent) must be real
+                self.spill_dir.parent.mkdir(parents=True, exist_ok=True)
+                check_entry(self.spill_dir.parent, directory=True)
+            self._dir.write(target.name, lambda f: _write_state(data, f))  # new temporary file, then a rename
         except RunFileError:
             raise
         except (OSError, RuntimeError) as exc:  # RuntimeError: torch's writer reports a full disk this way
-            if tmp and os.path.lexists(tmp):
-                os.unlink(tmp)
             reason = getattr(exc, "strerror", None) or (str(exc).splitlines()[0][:200] if str(exc) else
                                                         type(exc).__name__)
             raise CheckpointError(
@@ -263,7 +255,7 @@ class ClientStateStore:
         path = self._path(cid)
         digest, size = self._sums.get(path.name, ("", -1))
         try:
-            data = read_regular(path, max(size, 0))
+            data = self._dir.read(path.name, max(size, 0))
         except RunFileError as exc:
             raise CheckpointError(f"spilled client state {path} was replaced after pflkit wrote it ({exc}); resume "
                                   f"the run from its last checkpoint") from None

@@ -12,25 +12,32 @@ through these primitives (the single source of truth for that):
 - ``ensure_dir``: create a directory, or accept an existing one only when it is a real directory (not a link);
 - ``check_run_dir``: refuse a run directory in which one of pflkit's own names is a link or not what pflkit
   writes there (checked before a start reusing it or a resume writes anything);
-- ``read_regular``: bounded read of a regular file (no links, FIFOs or devices; a size limit).
+- ``read_regular``: bounded read of a regular file (no links, FIFOs or devices; a size limit);
+- ``OwnDir``: a folder held open by descriptor (the spill store's ``client_state/``): its files are created,
+  renamed, read and removed relative to that descriptor, so replacing the folder by a link while the run is live
+  redirects nothing.
 
 Refusals are ``RunFileError`` (a ``CheckpointError``: the CLI prints one line, exit status 2) naming the file.
-Only the last path component is protected against links (the run directory itself is the user's choice, and
-its sub-directories are checked with ``lstat`` when pflkit creates or reuses them).
+For paths, only the last component is protected against links: the run directory itself is the user's choice,
+``tb/`` (written by TensorBoard's own writer) is checked with ``lstat`` when a run starts or resumes, and
+``client_state/`` is an ``OwnDir``.
 """
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import tempfile
 from pathlib import Path
-from typing import IO, Iterable, Optional, Union
+from typing import IO, Any, Callable, Iterable, Optional, Union
 
 from .errors import CheckpointError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_AT = all(f in os.supports_dir_fd for f in (os.open, os.rename, os.unlink, os.stat))  # os.replace: as rename
 _FIX = "remove it (pflkit writes only its own files and folders in a run directory) and try again"
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: rewritten files get the permissions a plain open() would give them
@@ -204,3 +211,85 @@ def unlink_entry(path: Union[str, Path]) -> None:
     except FileNotFoundError:
         pass
 
+
+class OwnDir:
+    """A folder pflkit owns, held open (``O_DIRECTORY | O_NOFOLLOW``) from its first use: files in it are named
+    relative to the descriptor, never through a path that could be re-pointed. Where the platform has no
+    ``dir_fd`` support the paths are used (with ``O_NOFOLLOW`` on the file)."""
+
+    def __init__(self, path: Union[str, Path]) -> None:
+        self.path = Path(path)
+        self.fd: Optional[int] = None
+
+    def _open_dir(self) -> Optional[int]:
+        if self.fd is None and _AT:
+            ensure_dir(self.path)
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC)
+            except OSError:
+                check_entry(self.path, directory=True)  # a link or a file: refused, naming it
+                raise
+        elif not _AT:
+            ensure_dir(self.path)
+        return self.fd
+
+    def _name(self, name: str) -> Union[str, Path]:
+        return name if self.fd is not None else self.path / name
+
+    def write(self, name: str, fill: Callable[[IO[bytes]], Any]) -> None:
+        """Create ``name`` whole: ``fill(f)`` writes a new temporary file, which is then renamed to ``name``."""
+        dir_fd = self._open_dir()
+        tmp = f"{temporary_prefix(name)}{secrets.token_hex(8)}.tmp"
+        fd = os.open(self._name(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                fill(f)
+            os.replace(self._name(tmp), self._name(name), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            self.unlink(tmp)
+            raise
+
+    def read(self, name: str, limit: int) -> bytes:
+        """The bytes of the regular file ``name`` (at most ``limit``; links, FIFOs, devices and larger files are
+        refused, naming the file)."""
+        dir_fd = self._open_dir()
+        shown = self.path / name
+        try:
+            fd = os.open(self._name(name), os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            try:
+                st = os.stat(self._name(name), dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                st = None
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise refused(shown, _kind(st.st_mode)) from None
+            raise
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise refused(shown, _kind(st.st_mode))
+            if st.st_size > limit:
+                raise RunFileError(f"{shown} holds {st.st_size} bytes, more than the {limit} bytes pflkit wrote there")
+            return f.read(limit + 1)
+
+    def rename(self, src: str, dst: str) -> None:
+        dir_fd = self._open_dir()
+        os.replace(self._name(src), self._name(dst), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+    def unlink(self, name: str) -> None:
+        try:
+            os.unlink(self._name(name), dir_fd=self.fd)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -202,6 +202,17 @@ def test_tampered_spill_files_are_refused(tmp_path, tamper, fragment):
         store.get(0)
 
 
+def test_a_spill_folder_swapped_for_a_link_mid_run_redirects_nothing(tmp_path):
+    store, d = _spilled_store(tmp_path)  # the store holds client_state/ open from its first spill
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    os.replace(d, tmp_path / "moved")
+    os.symlink(victim, d)
+    store.put(2, {"w": torch.full((4,), 2.0)})
+    assert not any(victim.iterdir()) and (tmp_path / "moved" / "2.pt").is_file()
+    assert torch.equal(store.get(2)["w"], torch.full((4,), 2.0))
+
+
 def test_a_spill_file_holding_another_client_is_refused(tmp_path):
     store, d = _spilled_store(tmp_path)
     store._sums["0.pt"] = store._sums["1.pt"]  # even with a matching checksum, the client id inside must match
