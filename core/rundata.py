@@ -107,7 +107,8 @@ def _is_round(value: Any) -> bool:
 
 
 # summary.json: the fields the commands read and what each must be (a number may be null: not evaluated)
-_SUMMARY_FIELDS = {"metric": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a name of 1-64 characters"), "rounds_completed": (_is_round, "a round number"),
+_SUMMARY_FIELDS = {"metric": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a name of 1-64 characters"),
+                   "rounds_completed": (_is_round, "a round number"),
                    "interrupted": (bool, "true or false"), "client_failures": (_is_number, "a number"),
                    "bytes_up_total": (_is_number, "a number"), "bytes_down_total": (_is_number, "a number")}
 _SUMMARY_SECTIONS = ("final", "best", "best_weighted", "last")
@@ -184,11 +185,15 @@ def _metric_name(summary: Optional[Dict[str, Any]], keys: Sequence[str]) -> str:
 def load_run(path: Path | str) -> RunData:
     """Read one run directory; CheckpointError (one line) when it is not one or holds no round yet."""
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path} does not exist")
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{_shown(path)} does not exist") from None
+    except OSError as exc:  # a name too long, a permission
+        raise CheckpointError(f"{_shown(path)} cannot be read ({exc.strerror or exc})") from None
     if not path.is_dir() or not check_entry(path / METRICS_NAME):  # a link or FIFO there: refused, one line
-        raise CheckpointError(f"{path} is not a run directory (no {METRICS_NAME}); pass the folder of one run, "
-                              f"e.g. runs/fedavg-digits-20261122-123000 or a compare run OUT/runs/fedavg-seed0")
+        raise CheckpointError(f"{_shown(path)} is not a run directory (no {METRICS_NAME}); pass the folder of one "
+                              f"run, e.g. runs/fedavg-digits-20261122-123000 or a compare run OUT/runs/fedavg-seed0")
     records = read_records(path / METRICS_NAME)
     if not records:
         raise CheckpointError(f"{path / METRICS_NAME} holds no round yet; nothing to show")
@@ -197,6 +202,12 @@ def load_run(path: Path | str) -> RunData:
     keys = list(_union_keys(records))
     return RunData(path=path, label=path.name, records=records, config=config, summary=summary,
                    metric=_metric_name(summary, keys), keys=keys)
+
+
+def _shown(path: Path, limit: int = 200) -> str:
+    """A path as an error message shows it: cut when longer than ``limit`` characters."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit // 2]}... ({len(text)} characters)"
 
 
 def _union_keys(rows: Sequence[Dict[str, Any]]) -> Dict[str, None]:

@@ -447,3 +447,12 @@ def test_partition_json_read_on_resume(run, content, fragment):
     (run / "partition.json").write_text('{"clients": ' + DEEP + "}" if content == "deep" else
                                         '{"clients": [], "clients": []}')
     one_clear_line(fl("run", "--resume", run, "--no-progress", "--set", "rounds=3"), fragment)
+
+
+@pytest.mark.parametrize("command", ["plot", "export"])
+def test_a_run_directory_name_too_long_is_one_short_line(tmp_path, command):
+    name = tmp_path / ("a" * 5000)
+    args = [command, name] + (["--csv", "-"] if command == "export" else ["--out", tmp_path / "c.png"])
+    res = fl(*args)
+    one_clear_line(res, "cannot be read (File name too long)")
+    assert "... (5" in res.output and len(res.output) < 400
