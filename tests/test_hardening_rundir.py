@@ -202,6 +202,17 @@ def test_tampered_spill_files_are_refused(tmp_path, tamper, fragment):
         store.get(0)
 
 
+def test_spill_files_swapped_during_a_run_stop_it_with_one_error(tmp_path):
+    from pflkit.core.simulation import Simulation
+    from pflkit.core.testing import tiny_config
+
+    cfg = tiny_config("ditto", {"rounds": 3, "clients": {"state_memory": 0}})
+    sim = Simulation(cfg, run_dir=tmp_path / "r", tensorboard=False)
+    # after round 1 every client's state is on disk; swapping two files would silently swap their personal models
+    with pytest.raises(CheckpointError, match=r"client_state/0\.pt is not the file pflkit wrote for client 0"):
+        sim.run(on_round=lambda record: record["round"] == 1 and _swap(tmp_path / "r" / "client_state"))
+
+
 def test_a_spill_folder_swapped_for_a_link_mid_run_redirects_nothing(tmp_path):
     store, d = _spilled_store(tmp_path)  # the store holds client_state/ open from its first spill
     victim = tmp_path / "victim"
