@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import compose
 from . import registry as reg
 from .backend import SerialBackend
-from .errors import PflError
+from .errors import DataError, PflError
 
 
 class _FirstClientBackend(SerialBackend):
@@ -45,9 +45,10 @@ def _quiet():
         logging.disable(previous)
 
 
-def start_refusal(algorithm: str, sets: Sequence[str] = ()) -> Optional[str]:
+def start_refusal(algorithm: str, sets: Sequence[str] = (), data_ok: bool = False) -> Optional[str]:
     """Why ``fl run --plugin ALGORITHM --set SETS...`` would be refused at start (its one-line message), or None
-    when it starts. Nothing is left behind: the run directory is temporary, no round runs."""
+    when it starts. Nothing is left behind: the run directory is temporary, no round runs. ``data_ok``: a missing
+    or unreadable dataset (DataError) counts as starting -- the check is about the rest."""
     from .config import parse_sets, resolve
     from .simulation import Simulation
 
@@ -56,6 +57,8 @@ def start_refusal(algorithm: str, sets: Sequence[str] = ()) -> Optional[str]:
             cfg = resolve([parse_sets(tuple(sets))], algorithm=algorithm)
             sim = Simulation(cfg, run_dir=Path(tmp) / "run", backend=_FirstClientBackend(), tensorboard=False,
                              progress=False)
+        except DataError as exc:
+            return None if data_ok else str(exc)
         except PflError as exc:
             return str(exc)
         sim.abandon()
@@ -72,7 +75,9 @@ def runnable_bases(algorithm: str) -> Tuple[List[str], Dict[str, str]]:
         return [], {}
     runs, refused = [], {}
     for base in compose.allowed_bases(trainer, aggregator):
-        reason = start_refusal(algorithm, [f"{section}.{compose.BASE_KEY}={base}"])
+        # never a download from `fl show`; a dataset that is not here says nothing about the base
+        reason = start_refusal(algorithm, [f"{section}.{compose.BASE_KEY}={base}", "dataset.download=false"],
+                               data_ok=True)
         if reason is None:
             runs.append(base)
         else:
