@@ -288,7 +288,7 @@ def _real_root() -> Path:
 @pytest.mark.parametrize("name, sets", [
     ("fmnist", ["partition.num_clients=5"]),
     ("mnist", ["partition.num_clients=5"]),
-    ("adult", ["dataset.group_values=[Doctorate]", "partition.name=by_group", "partition.num_clients=2"]),
+    ("adult", ['dataset.group_values=["Doctorate"]', "partition.name=by_group", "partition.num_clients=2"]),
     ("shakespeare", ["dataset.max_speakers=3", "partition.num_clients=3", "model.hidden=32"]),
 ])
 def test_real_data_runs_when_installed(tmp_path, name, sets):
