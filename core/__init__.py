@@ -2,6 +2,7 @@
 
 The public API plugins build on is re-exported here.
 """
+from . import cli_start  # noqa: F401  (first: a Ctrl-C while the fl command imports torch exits 130, no traceback)
 from .algorithm import Algorithm
 from .client import BN_PARAM, ClientContext, ClientTrainer, LocalSGDTrainer, feature_keys, head_keys
 from .data import DatasetBundle, FederatedData, build_federated_data

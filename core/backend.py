@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
+from .calltimer import ClientTimedOut, deadline, hard_limit
 from .clientstate import ClientStateStore, TrainerPool
 from .errors import PflError
 from .protocol import Message
@@ -74,6 +75,14 @@ class StateOptions:
 
 class ExecutionBackend(ABC):
     """Runs client calls and owns every client's state: live trainers, or declared states and a worker pool."""
+
+    client_timeout: Optional[float] = None  # failures.client_timeout: seconds one client call may take
+    run_dir: Optional[Path] = None  # named when a hung call stops the process
+
+    def limit_calls(self, seconds: Optional[float], run_dir: Optional[Path] = None) -> None:
+        """Called before ``start``: each client call that runs longer than ``seconds`` fails (None: no limit)."""
+        self.client_timeout = None if seconds is None else float(seconds)
+        self.run_dir = run_dir
 
     def assign(self, costs: Mapping[int, float]) -> List[int]:
         """Called before ``start``: the clients whose calls this process runs, the only ones whose data and
@@ -190,10 +199,18 @@ class SerialBackend(ExecutionBackend):
             trainer.ctx.generator.manual_seed(call.seed)
             start = time.perf_counter()
             try:
-                reply = trainer.handle(call.message)
+                with deadline(self.client_timeout, lambda: self._hung_message(cid, call.round)):
+                    reply = trainer.handle(call.message)
                 results[cid] = CallResult(cid, reply=reply, seconds=time.perf_counter() - start)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # Ctrl-C, wherever it is raised, stops the run
                 raise
+            except ClientTimedOut:
+                results[cid] = CallResult(cid, error=f"ClientTimeout: did not finish within {self.client_timeout:g} s "
+                                                     f"(failures.client_timeout)",
+                                          seconds=time.perf_counter() - start)
+            except SystemExit as exc:  # sys.exit() in trainer code is a failed client, not the end of the run
+                results[cid] = CallResult(cid, error=f"SystemExit: client code called sys.exit({exc.code!r})",
+                                          detail=traceback.format_exc(), seconds=time.perf_counter() - start)
             except Exception as exc:  # isolation: one client's bug must not end the run
                 results[cid] = CallResult(cid, error=f"{type(exc).__name__}: {exc}",
                                           detail=traceback.format_exc(), seconds=time.perf_counter() - start)
@@ -206,6 +223,20 @@ class SerialBackend(ExecutionBackend):
                     results[cid] = CallResult(cid, error=f"swapping its state out: {type(exc).__name__}: {exc}",
                                               detail=traceback.format_exc(), seconds=results[cid].seconds)
         return results
+
+    def _hung_message(self, cid: int, rnd: int) -> str:
+        """The line a process stopped by a hung call prints (calltimer's watchdog thread calls this)."""
+        from .checkpoint import checkpoint_exists
+
+        if self.run_dir is None:
+            then = "the run stopped"
+        elif checkpoint_exists(self.run_dir):
+            then = f"the run stopped; continue from the last checkpoint with: fl run --resume {self.run_dir}"
+        else:
+            then = f"the run stopped before its first checkpoint; start it again with: fl run --resume {self.run_dir}"
+        return (f"client {cid} did not return within {hard_limit(self.client_timeout or 0):g} s in round {rnd} "
+                f"(failures.client_timeout {self.client_timeout:g} s; it is stuck where Python cannot interrupt it, "
+                f"or it ignored the timeout); {then}")
 
     def rollback(self, cid: int) -> None:
         if self.pool is not None:

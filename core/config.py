@@ -91,6 +91,11 @@ CORE_SCHEMA: Dict[str, Any] = {
         "on_client_error": Param("skip", "a client whose code raises: skip it this round, or abort the run",
                                  choices=("skip", "abort")),
         "rollback": Param(True, "restore a failed or rejected client's state to before the call"),
+        "client_timeout": Param(None, "seconds one client call may take; a call past it fails like a client that "
+                                      "raised (README, Failures); a call that cannot be interrupted ends the run "
+                                      "after twice as long (at least 5 s more), resumable; null: no limit",
+                                type=float, check=lambda v: None if v == v and 0 < v <= 2592000 else
+                                "must be a number of seconds > 0 and at most 2592000 (30 days)"),
     },
     "distributed": {
         "exact": Param(True, "multi-process runs: true sums uploads in one canonical client order (the serial run's "
@@ -397,6 +402,7 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
 # changing what has been computed so far. Every other key is fixed by the checkpoint's configuration hash.
 # ``threads`` may change too, with a warning: later rounds then differ in the last digits (see Simulation.resume).
 RESUME_SAFE_KEYS = ("rounds", "eval.every", "eval.final_k", "checkpoint.every", "failures.on_client_error",
+                    "failures.client_timeout",
                     "threads", "checkpoint.final", "clients.state_memory", "distributed.backend")
 # Where a run lives is not part of what it computes: a run directory may be moved or renamed.
 LOCATION_KEYS = ("output_dir", "run_name")

@@ -64,7 +64,13 @@ def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[s
     from ..simulation import Simulation
 
     if workers is not None or _torchrun_endpoint() is not None:
-        sys.exit(_run_distributed(plugin, config_file, sets, resume_dir, no_progress, workers))
+        try:
+            code = _run_distributed(plugin, config_file, sets, resume_dir, no_progress, workers)
+        except KeyboardInterrupt:  # before any process started (later ones are handled where they happen)
+            click.echo("interrupted during start-up; nothing was run", err=True)
+            code = INTERRUPTED
+        sys.exit(code)
+    sim = None
     try:
         if resume_dir:
             if plugin or config_file:
@@ -83,15 +89,28 @@ def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[s
             sim = Simulation(cfg, progress=not no_progress)
             click.echo(f"run directory: {sim.run_dir}")
     except KeyboardInterrupt:
+        if sim is not None:  # built, not run: a fresh run's directory goes (nothing half-made stays)
+            sim.abandon()
         click.echo("interrupted during start-up; nothing was run", err=True)
         sys.exit(INTERRUPTED)
     try:
         result = sim.run()
+        interrupted = report_result(result, sim.run_dir)
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, the last checkpoint stays usable
-        click.echo(f"stopped; continue from the last checkpoint with:\n  fl run --resume {sim.run_dir}", err=True)
+        click.echo(stopped_message(sim.run_dir), err=True)
         sys.exit(INTERRUPTED)
-    if report_result(result, sim.run_dir):
+    if interrupted:
         sys.exit(INTERRUPTED)  # so that 'fl run ... && next' stops
+
+
+def stopped_message(run_dir: Path) -> str:
+    """What a run stopped at once by Ctrl-C says: how to continue, or that there is nothing to continue (a fresh
+    run's directory is removed when no checkpoint was written)."""
+    from ..checkpoint import checkpoint_exists
+
+    if checkpoint_exists(run_dir):
+        return f"stopped; continue from the last checkpoint with:\n  fl run --resume {run_dir}"
+    return "stopped before the first checkpoint; nothing to resume"
 
 
 def report_result(result: Dict[str, Any], run_dir: Path) -> bool:
@@ -126,9 +145,13 @@ def _run_distributed(plugin: Optional[str], config_file: Optional[str], sets: Tu
     if endpoint is not None:
         if workers is not None:
             raise ConfigError("--workers starts its own processes; under torchrun use --nproc-per-node instead")
-        return run_process(req, endpoint)
-    try:
-        return launch_local(req, workers)
-    except KeyboardInterrupt:
-        click.echo("stopped; continue from the last checkpoint with: fl run --resume RUN_DIR", err=True)
-        return INTERRUPTED
+        import signal
+
+        from ..distributed.signals import TERMINATED, Terminated, raise_on_sigterm
+
+        signal.signal(signal.SIGTERM, raise_on_sigterm)  # how torchrun stops workers: unwind, nothing half-made
+        try:
+            return run_process(req, endpoint)
+        except Terminated:
+            return TERMINATED
+    return launch_local(req, workers)

@@ -141,6 +141,7 @@ class DistributedBackend(ExecutionBackend):
         if contexts:  # tensors from other ranks go where this rank's clients compute (its own GPU, say)
             self.device = torch.device(next(iter(contexts.values())).device)
         self.inner = self._make_inner()
+        self.inner.limit_calls(self.client_timeout, self.run_dir)  # each rank times its own clients' calls
         self.inner.start(build_trainer, self.owned, opts)  # builds this rank's trainers only
 
     @property

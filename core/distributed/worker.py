@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError, PflError
 from .backend import DistributedBackend, WorkerLost, device_collective_backend
+from .signals import TERMINATED, Terminated, interrupt_requested, orphaned
 
 log = logging.getLogger("pflkit")
 
@@ -31,6 +33,9 @@ TIMEOUT_ENV, DEFAULT_TIMEOUT = "PFLKIT_DIST_TIMEOUT", 1800.0
 # seconds the processes may take to find each other
 RENDEZVOUS_TIMEOUT_ENV, DEFAULT_RENDEZVOUS_TIMEOUT = "PFLKIT_RENDEZVOUS_TIMEOUT", 60.0
 RUN_DIR_KEY = "/pflkit/run_dir"  # in torchrun's store: the run directory of this launch
+# longer waits are a mistake (and overflow the millisecond timers of torch.distributed)
+MAX_TIMEOUT = 30 * 24 * 3600.0
+MAX_WORLD_SIZE = 65536  # processes of one run (torch.distributed's store handles far fewer in practice)
 
 
 @dataclass
@@ -65,9 +70,27 @@ def env_seconds(name: str, default: float) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{name}={text!r}: expected a number of seconds") from None
-    if value <= 0:
-        raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
+    if not math.isfinite(value) or value <= 0 or value > MAX_TIMEOUT:
+        raise ConfigError(f"{name}={text!r}: expected a number of seconds greater than 0 and at most "
+                          f"{MAX_TIMEOUT:.0f} (30 days)")
     return value
+
+
+def check_timeouts() -> None:
+    """Reports a bad PFLKIT_DIST_TIMEOUT or PFLKIT_RENDEZVOUS_TIMEOUT before any process starts."""
+    env_seconds(RENDEZVOUS_TIMEOUT_ENV, DEFAULT_RENDEZVOUS_TIMEOUT)
+    env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+
+
+def parse_port(text: str, name: str = "MASTER_PORT") -> int:
+    """A TCP port number from 1 to 65535 (0 would let each process pick its own port: they never meet)."""
+    try:
+        port = int(text.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a port number (expected an integer from 1 to 65535)") from None
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{name}={text!r}: expected a port number from 1 to 65535")
+    return port
 
 
 def plugin_versions() -> Dict[str, str]:
@@ -101,7 +124,7 @@ def init_group(ep: Endpoint) -> None:
             store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
         dist.init_process_group("gloo", store=store, rank=ep.rank, world_size=ep.world_size,
                                 timeout=timedelta(seconds=timeout))
-    except (RuntimeError, OSError, ValueError) as exc:
+    except (RuntimeError, OSError, ValueError, TypeError, OverflowError) as exc:
         raise ConfigError(f"rank {ep.rank}: cannot join the run's processes at {ep.addr}:{ep.port} within "
                           f"{rdzv:g} s ({_first_line(exc)[:200]}); check the rendezvous address and port (torchrun "
                           f"--rdzv-endpoint / MASTER_ADDR, MASTER_PORT) and that every process was started") from None
@@ -198,9 +221,18 @@ def _write_status(req: RunRequest, backend: DistributedBackend, run_dir: Path) -
         return
     path = Path(req.status_dir) / f"rank{backend.rank}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"rank": backend.rank, "pid": os.getpid(), "clients": backend.owned,
-                               "run_dir": str(run_dir)}))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps({"rank": backend.rank, "pid": os.getpid(), "clients": backend.owned,
+                                   "run_dir": str(run_dir)}))
+        os.replace(tmp, path)
+    except OSError:  # the folder went with its launcher: this process is stopping anyway (signals.py)
+        pass
+
+
+def _say(text: str) -> None:
+    """One line on stderr, unless the launcher is gone (nobody reads it; the workers only stop)."""
+    if not orphaned():
+        click.echo(text, err=True)
 
 
 def run_process(req: RunRequest, ep: Endpoint) -> int:
@@ -221,29 +253,39 @@ def _run_process(req: RunRequest, ep: Endpoint) -> int:
     try:
         init_group(ep)
     except PflError as exc:
-        click.echo(f"Error: {exc}", err=True)
+        _say(f"Error: {exc}")
         return USER_ERROR
+    except Terminated:
+        return TERMINATED
+    except KeyboardInterrupt:
+        if ep.rank == 0 and not req.status_dir:  # fl run --workers: the launcher says it
+            _say("interrupted during start-up; nothing was run")
+        return INTERRUPTED
     backend = DistributedBackend()
     try:
         try:
             return _run(req, ep, backend)
         except _Replicated as exc:
             if ep.rank == 0:
-                click.echo(f"Error: {exc}", err=True)
+                _say(f"Error: {exc}")
             _settle(backend)
             return USER_ERROR
         except WorkerLost as exc:  # another process died: each survivor says what it saw
-            click.echo(f"Error: {exc}", err=True)
+            if interrupt_requested(req.status_dir) or orphaned():
+                return INTERRUPTED  # it stopped on the same Ctrl-C (rank 0 says so), or the launcher is gone
+            _say(f"Error: {exc}")
             return USER_ERROR
         except PflError as exc:
             # raised identically on every rank (the loop is replicated) unless it is rank 0's own file I/O
             if ep.rank == 0:
-                click.echo(f"Error: {exc}", err=True)
+                _say(f"Error: {exc}")
             _settle(backend)
             return USER_ERROR
+        except Terminated:  # SIGTERM or the launcher's death: quietly (the launcher, if any, says why)
+            return TERMINATED
         except KeyboardInterrupt:
-            if ep.rank == 0:
-                click.echo("stopped; continue from the last checkpoint with fl run --resume RUN_DIR", err=True)
+            if ep.rank == 0 and not (req.status_dir and backend.phase == "start-up"):  # the launcher says that
+                _say(_stopped_message(backend))
             return INTERRUPTED
     finally:
         backend.close()
@@ -251,6 +293,18 @@ def _run_process(req: RunRequest, ep: Endpoint) -> int:
             dist.destroy_process_group()
         except Exception:  # the group may already be broken by a dead peer: nothing left to release
             pass
+
+
+def _stopped_message(backend: DistributedBackend) -> str:
+    """What rank 0 says when a Ctrl-C stopped this process at once."""
+    from ..checkpoint import checkpoint_exists
+
+    run_dir = getattr(backend, "run_dir", None)
+    if backend.phase == "start-up" or run_dir is None:
+        return "interrupted during start-up; nothing was run"
+    if checkpoint_exists(run_dir):
+        return f"stopped; continue from the last checkpoint with: fl run --resume {run_dir}"
+    return "stopped before the first checkpoint; nothing to resume"
 
 
 def _settle(backend: DistributedBackend) -> None:
@@ -289,18 +343,19 @@ def _run(req: RunRequest, ep: Endpoint, backend: DistributedBackend) -> int:
                 error = str(exc)
         _exchange(backend, "start-up (other ranks)", error)
         _join_device_group(backend, sim)
-    except PflError:
+        backend.run_dir = sim.run_dir  # for the message of an immediate stop (second Ctrl-C)
+        _write_status(req, backend, sim.run_dir)
+        if ep.rank == 0 and ep.shared_store is not None:  # for a restarted attempt (recorded_run_dir)
+            ep.shared_store.set(RUN_DIR_KEY, str(sim.run_dir))
+        if ep.rank == 0:
+            word = "resuming" if resumed else "run directory:"
+            click.echo(f"{word} {sim.run_dir}" + (f" after round {sim.completed_round}" if resumed else "")
+                       + f"  ({ep.world_size} processes, {'nccl' if backend.device_group is not None else 'gloo'}; "
+                         f"{backend.describe()})")
+    except BaseException:  # an error, Ctrl-C or SIGTERM during start-up
         if sim is not None:
             sim.abandon()  # rank 0 removes the directory it created when nothing was saved
         raise
-    _write_status(req, backend, sim.run_dir)
-    if ep.rank == 0 and ep.shared_store is not None:  # for a restarted attempt (recorded_run_dir)
-        ep.shared_store.set(RUN_DIR_KEY, str(sim.run_dir))
-    if ep.rank == 0:
-        word = "resuming" if resumed else "run directory:"
-        click.echo(f"{word} {sim.run_dir}" + (f" after round {sim.completed_round}" if resumed else "")
-                   + f"  ({ep.world_size} processes, {'nccl' if backend.device_group is not None else 'gloo'}; "
-                     f"{backend.describe()})")
     backend.phase = "the run"
     result = sim.run()
     if ep.rank != 0:
@@ -319,10 +374,14 @@ def torchrun_endpoint() -> Optional[Endpoint]:
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         local = int(env.get("LOCAL_RANK", rank))
-        port = int(env["MASTER_PORT"])
     except ValueError:
-        raise ConfigError("RANK, WORLD_SIZE, LOCAL_RANK and MASTER_PORT must be integers (set by torchrun)") from None
-    if world < 1 or not 0 <= rank < world:
-        raise ConfigError(f"RANK={rank}, WORLD_SIZE={world}: the rank must lie in [0, WORLD_SIZE)")
+        raise ConfigError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (set by torchrun)") from None
+    port = parse_port(env["MASTER_PORT"])
+    if not 1 <= world <= MAX_WORLD_SIZE or not 0 <= rank < world:
+        raise ConfigError(f"RANK={rank}, WORLD_SIZE={world}: the rank must lie in [0, WORLD_SIZE) and WORLD_SIZE "
+                          f"in [1, {MAX_WORLD_SIZE}]")
+    if local < 0:
+        raise ConfigError(f"LOCAL_RANK={local}: expected a rank of at least 0")
+    check_timeouts()
     return Endpoint(rank, world, local, env["MASTER_ADDR"], port,
                     agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true")
