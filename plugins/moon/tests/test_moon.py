@@ -105,7 +105,8 @@ def plain_model():
     """An in-process model without a features/head split."""
     reg.MODELS.names()  # loads the entry points first, so the snapshot holds them
     before = dict(reg.MODELS._entries)
-    MODELS.register("plain_seq")(lambda input_shape, num_classes: nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes)))
+    MODELS.register("plain_seq")(lambda input_shape, num_classes: nn.Sequential(nn.Flatten(),
+                                                                                nn.Linear(64, num_classes)))
     yield
     reg.MODELS._entries = before
 
