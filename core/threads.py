@@ -16,13 +16,31 @@ CLI_DEFAULT_THREADS = 1
 _cli_default_applied = False  # whether this process's thread count is the fl command's default
 
 
+def env_threads_problem(text: str) -> Optional[str]:
+    """Why OMP_NUM_THREADS=``text`` is refused (None: it is a thread count, or OpenMP's list of them per nesting
+    level, each from 1 to ``MAX_THREADS``, the limit of the ``threads`` setting)."""
+    from .params import MAX_THREADS
+
+    parts = [p.strip() for p in text.split(",")]
+    if all(p.isascii() and p.isdigit() and len(p) <= 6 and 1 <= int(p) <= MAX_THREADS for p in parts):
+        return None
+    return (f"OMP_NUM_THREADS={text[:40]!r}: expected a number of threads from 1 to {MAX_THREADS} (or unset it: "
+            f"the fl command then uses {CLI_DEFAULT_THREADS})")
+
+
 def apply_cli_default() -> None:
-    """Called by the ``fl`` entry point before any work: 1 torch thread unless the user set OMP_NUM_THREADS.
+    """Called by the ``fl`` entry point before any work: 1 torch thread unless the user set OMP_NUM_THREADS
+    (which must then be a thread count: anything else ends the command with one line, exit status 2).
 
     The environment variable also reaches worker processes (``fl compare --jobs``) and BLAS libraries.
     """
     global _cli_default_applied
-    if os.environ.get("OMP_NUM_THREADS"):
+    text = os.environ.get("OMP_NUM_THREADS")
+    if text:
+        problem = env_threads_problem(text)
+        if problem is not None:
+            sys.stderr.write(f"Error: {problem}\n")
+            raise SystemExit(2)
         return
     os.environ["OMP_NUM_THREADS"] = str(CLI_DEFAULT_THREADS)
     _cli_default_applied = True

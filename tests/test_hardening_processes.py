@@ -29,6 +29,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "120",
 TINY_SETS = ["--set", "partition.num_clients=4", "--set", "model.name=mlp", "--set", "model.hidden=[32]",
              "--set", "train.batch_size=32"]
 WAIT = 240  # seconds any one process may take here (a loaded 2-core machine starts torch slowly)
+# the costlier variants (another start of 2 processes each) run with PFLKIT_SLOW_TESTS=1, as in test_distributed
+SLOW = [pytest.mark.slow, pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"),
+                                             reason="slow: set PFLKIT_SLOW_TESTS=1")]
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -246,6 +249,21 @@ def test_a_master_port_in_use_and_too_many_workers_are_one_line(tmp_path, monkey
     assert not (tmp_path / "out").exists()
 
 
+def test_omp_num_threads_must_be_a_thread_count(tmp_path):
+    from pflkit.core.threads import env_threads_problem
+
+    assert env_threads_problem("2") is None and env_threads_problem("4,2") is None  # OpenMP's nested form too
+    for bad in ("abc", "0", "-1", "1025", "2147483648", "\u00b2", "9" * 5000, "3,,2"):
+        assert "expected a number of threads from 1 to 1024" in env_threads_problem(bad), bad
+    res = subprocess.run([sys.executable, "-m", "pflkit.core.cli", "run", "--plugin", "fedavg", "--workers", "2",
+                          *TINY_SETS, "--set", f"output_dir={tmp_path}"], capture_output=True, text=True,
+                         env={**ENV, "OMP_NUM_THREADS": "100000"}, timeout=WAIT)
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "Error: OMP_NUM_THREADS='100000': expected a number of threads from 1 to 1024 (or unset it: the fl command "
+        "then uses 1)"), res.stderr
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("value, fragment", [("inf", "finite"), ("nan", "finite"), ("-1", "> 0"),
                                              ("1e12", "at most 2592000")])
 def test_bad_client_timeouts_are_one_line(tmp_path, monkeypatch, value, fragment):
@@ -347,6 +365,8 @@ def _timeout_worker(rank: int, world: int, port: int, config: str, out_dir: str)
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rc": rc}))
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
 def test_client_timeout_and_sys_exit_in_a_two_process_run(tmp_path, registered):
     """Each rank times its own clients' calls: the hanging client fails on its rank, every rank skips it."""
     import torch.multiprocessing as mp
@@ -428,7 +448,7 @@ def test_ctrl_c_during_a_workers_start_and_run(tmp_path):
 
 
 # -- the launcher's death ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=SLOW)], ids=["SIGKILL", "SIGTERM"])
 def test_killing_the_launcher_takes_its_workers_and_folder_with_it(tmp_path, sig):
     with _Fl(["--plugin", "fedavg", "--workers", "2", *TINY_SETS, "--set", "rounds=200", "--set", "checkpoint.every=1",
               "--set", f"output_dir={tmp_path}", "--set", "run_name=k"]) as fl:
