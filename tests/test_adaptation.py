@@ -16,7 +16,6 @@ from pflkit.core.cli.main import cli
 from pflkit.core.client import ClientContext
 from pflkit.core.clientstate import same_state
 from pflkit.core.errors import ConfigError
-from pflkit.core.registry import MODELS, TRAINERS
 from pflkit.core.task import classification
 from pflkit.core.testing import run_capturing_replies, tiny_config
 from pflkit.core.training import TensorData
@@ -174,7 +173,6 @@ def test_pooled_equals_legacy_and_evaluation_stores_nothing(tmp_path):
 
 
 # -- bad input -----------------------------------------------------------------------------------------------
-@MODELS.register("adapt_test_nohead")
 def _no_head(input_shape, num_classes, **_):
     size = 1
     for d in input_shape:
@@ -191,7 +189,8 @@ def _no_head(input_shape, num_classes, **_):
     (("eval.adapt=every", "--plugin", "fedrod"), "does not support evaluation-time adaptation"),
     (("eval.adapt=every", "eval.adapt_params=head", "model.name=adapt_test_nohead"), "has no 'head' sub-module"),
 ])
-def test_bad_values_are_one_line_and_exit_2(tmp_path, sets, message):
+def test_bad_values_are_one_line_and_exit_2(tmp_path, sets, message, registries_snapshot):
+    registries_snapshot.MODELS.register("adapt_test_nohead", _no_head)
     args = ["run", "--plugin", "fedavg", "--no-progress", "--set", f"output_dir={tmp_path}", "--set", "rounds=1",
             "--set", "partition.num_clients=2", "--set", "model.name=mlp"]
     rest = list(sets)

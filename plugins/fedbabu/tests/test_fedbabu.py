@@ -45,12 +45,23 @@ class BodyOnlyFedAvg(FedAvgTrainer):
                        make_optimizer(self.model.features.parameters(), self.ctx.train_cfg))
 
 
-TRAINERS.register("fedbabu_test_body_only", BodyOnlyFedAvg, replace=True)
-
-
-@MODELS.register("fedbabu_test_nohead")
 def _no_head(input_shape, num_classes, **_):
     return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))
+
+
+@pytest.fixture
+def registered():
+    """Register the test's trainer and model in this process, and forget them afterwards."""
+    from pflkit.core import registry as reg
+
+    for r in reg.ALL_REGISTRIES.values():
+        r._discover()
+    before = {k: dict(r._entries) for k, r in reg.ALL_REGISTRIES.items()}
+    TRAINERS.register("fedbabu_test_body_only", BodyOnlyFedAvg)
+    MODELS.register("fedbabu_test_nohead", _no_head)
+    yield
+    for k, r in reg.ALL_REGISTRIES.items():
+        r._entries = before[k]
 
 
 def records(run_dir, drop=()):
@@ -65,7 +76,7 @@ def simulation(tmp_path, name, algorithm="fedbabu", sets=FT, **kw):
     return Simulation(tiny_config(algorithm, OVER, sets), run_dir=tmp_path / name, tensorboard=False, **kw)
 
 
-def test_without_fine_tuning_it_is_body_only_fedavg_with_a_frozen_head(tmp_path):
+def test_without_fine_tuning_it_is_body_only_fedavg_with_a_frozen_head(tmp_path, registered):
     babu = simulation(tmp_path, "babu", sets=("eval.adapt=never",))
     got = run_capturing_replies(babu)
     ref = simulation(tmp_path, "ref", "fedavg", sets=("trainer.name=fedbabu_test_body_only",))
@@ -130,7 +141,7 @@ def test_resume_reaches_the_same_numbers(tmp_path):
     (("eval.adapt_steps=3",), "eval.adapt_steps (3) and eval.adapt_epochs (5) are both set"),
     (("eval.adapt_params=tail",), "eval.adapt_params: 'tail' is not a parameter set of trainer 'fedbabu'"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, sets, message):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, sets, message, registered):
     args = ["run", "--plugin", "fedbabu", "--no-progress", "--set", f"output_dir={tmp_path}", "--set", "rounds=1"]
     for s in sets:
         args += ["--set", s]
