@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import numpy as np
 
 from .checkpoint import CHECKPOINT_NAME
-from .config import parse_sets, resolve, to_plain
+from .config import parse_sets, resolve, to_plain, without_neutral_defaults
 from .errors import CheckpointError, ConfigError
 from .rundata import read_config, read_records, read_summary
 
@@ -101,7 +101,8 @@ def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Optional[str]:
     if not run_dir.exists():
         return None
     try:
-        same_config = read_config(run_dir) == to_plain(cfg)
+        # keys added since the run was made count as equal at their neutral values (config.NEUTRAL_DEFAULTS)
+        same_config = without_neutral_defaults(read_config(run_dir)) == without_neutral_defaults(to_plain(cfg))
     except CheckpointError:
         same_config = False
     summary = read_summary(run_dir) if same_config else None  # a damaged summary is one line naming it

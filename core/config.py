@@ -410,7 +410,22 @@ LOCATION_KEYS = ("output_dir", "run_name")
 # key existed, so the fingerprint leaves them out and older run directories stay resumable.
 NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed": None, "dataset.normalize": "standard",
                                     "eval.adapt": "never", "eval.adapt_steps": None, "eval.adapt_epochs": None,
-                                    "eval.adapt_lr": None, "eval.adapt_params": "all"}
+                                    "eval.adapt_lr": None, "eval.adapt_params": "all",
+                                    "failures.client_timeout": None, "aggregator.weighting": "samples",
+                                    "model.projection_dim": 0}
+
+
+def without_neutral_defaults(plain: Dict[str, Any]) -> Dict[str, Any]:
+    """``plain`` (a JSON-able configuration, changed in place and returned) without the NEUTRAL_DEFAULTS keys that
+    hold their neutral value: a run made before such a key existed compares equal to one made after."""
+    for key, neutral in NEUTRAL_DEFAULTS.items():
+        node = plain
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict) and node.get(parts[-1], neutral) == neutral:
+            node.pop(parts[-1], None)
+    return plain
 
 
 def _flat_keys(tree: Mapping[str, Any], prefix: str = "") -> List[str]:
@@ -431,14 +446,13 @@ def check_resume_overrides(sets: Mapping[str, Any]) -> None:
 
 def config_fingerprint(cfg: Mapping[str, Any]) -> str:
     """SHA-256 of the configuration minus the resume-safe and location keys (what a checkpoint must match)."""
-    plain = to_plain(cfg)
-    for key in RESUME_SAFE_KEYS + LOCATION_KEYS + tuple(NEUTRAL_DEFAULTS):
+    plain = without_neutral_defaults(to_plain(cfg))
+    for key in RESUME_SAFE_KEYS + LOCATION_KEYS:
         node = plain
         parts = key.split(".")
         for p in parts[:-1]:
             node = node.get(p, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict) and (key not in NEUTRAL_DEFAULTS or
-                                       node.get(parts[-1], NEUTRAL_DEFAULTS[key]) == NEUTRAL_DEFAULTS[key]):
+        if isinstance(node, dict):
             node.pop(parts[-1], None)
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
 

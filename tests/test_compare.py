@@ -73,6 +73,23 @@ def test_finished_runs_are_reused_and_changed_config_refused(comparison):
         run_comparison(ALGOS, SEEDS, [TINY, {"train": {"lr": 0.01}}], out)
 
 
+def test_a_run_made_before_a_neutral_key_existed_is_still_reused(tmp_path):
+    """A key added later (config.NEUTRAL_DEFAULTS: e.g. failures.client_timeout, aggregator.weighting) at its neutral
+    value computes what the run computed, so the finished run is reused; a non-neutral value is a new config."""
+    out = tmp_path / "cmp"
+    run_comparison(["fedavg"], [0], [TINY], out)
+    run = out / "runs" / "fedavg-seed0"
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["failures"].pop("client_timeout", "absent") is None
+    assert saved["aggregator"].pop("weighting") == "samples"
+    (run / "config.json").write_text(json.dumps(saved))  # as a run of the previous version wrote it
+    before = (run / "summary.json").stat().st_mtime_ns
+    run_comparison(["fedavg"], [0], [TINY], out)
+    assert (run / "summary.json").stat().st_mtime_ns == before
+    with pytest.raises(CheckpointError, match="fedavg-seed0"):
+        run_comparison(["fedavg"], [0], [TINY, {"aggregator": {"weighting": "uniform"}}], out)
+
+
 def test_interrupted_run_is_resumed(tmp_path):
     from pflkit.core import Simulation
     from pflkit.core.config import resolve
