@@ -438,6 +438,10 @@ def test_ctrl_c_during_a_workers_start_and_run(tmp_path):
 
     with _Fl([*base, "--set", "run_name=late"]) as fl:
         fl.wait_for("run directory:")
+        deadline = time.monotonic() + WAIT
+        while not checkpoint_exists(tmp_path / "late"):  # under way: round 1 is done
+            assert time.monotonic() < deadline and fl.proc.poll() is None
+            time.sleep(0.05)
         fl.proc.send_signal(signal.SIGINT)
         code, out, err = fl.finish()
         assert not _wait_gone(fl.workers, 30)
