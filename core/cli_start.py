@@ -13,7 +13,8 @@ import sys
 INTERRUPTED = 130
 
 
-def _is_fl_command() -> bool:
+def is_fl_command() -> bool:
+    """Whether this process is the ``fl`` command (not a process that imports pflkit or calls the command)."""
     main = sys.modules.get("__main__")
     script = os.path.basename(getattr(main, "__file__", None) or "")
     if script == "fl":
@@ -35,7 +36,7 @@ def _quiet_exit(signum, frame) -> None:
 def install() -> None:
     """Make a Ctrl-C during the fl command's imports exit 130 quietly (the main thread, the fl command only)."""
     try:
-        if _is_fl_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        if is_fl_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _quiet_exit)
     except (ValueError, OSError):  # not the main thread
         pass

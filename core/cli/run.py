@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -69,7 +70,7 @@ def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[s
         except KeyboardInterrupt:  # before any process started (later ones are handled where they happen)
             click.echo("interrupted during start-up; nothing was run", err=True)
             code = INTERRUPTED
-        sys.exit(code)
+        _finish(code)
     sim = None
     try:
         if resume_dir:
@@ -98,9 +99,18 @@ def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[s
         interrupted = report_result(result, sim.run_dir)
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, the last checkpoint stays usable
         click.echo(stopped_message(sim.run_dir), err=True)
-        sys.exit(INTERRUPTED)
-    if interrupted:
-        sys.exit(INTERRUPTED)  # so that 'fl run ... && next' stops
+        _finish(INTERRUPTED)
+    _finish(INTERRUPTED if interrupted else 0)  # 130 so that 'fl run ... && next' stops
+
+
+def _finish(code: int) -> None:
+    """Exit with ``code``. The run is over: in the fl command a later Ctrl-C (pressed again while the process
+    exits) no longer changes the status or ends it in a traceback."""
+    from ..cli_start import is_fl_command
+
+    if is_fl_command():  # not in a process that merely calls the command (tests, notebooks)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def stopped_message(run_dir: Path) -> str:
@@ -145,8 +155,6 @@ def _run_distributed(plugin: Optional[str], config_file: Optional[str], sets: Tu
     if endpoint is not None:
         if workers is not None:
             raise ConfigError("--workers starts its own processes; under torchrun use --nproc-per-node instead")
-        import signal
-
         from ..distributed.signals import TERMINATED, Terminated, raise_on_sigterm
 
         signal.signal(signal.SIGTERM, raise_on_sigterm)  # how torchrun stops workers: unwind, nothing half-made
