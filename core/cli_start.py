@@ -15,9 +15,7 @@ INTERRUPTED = 130
 
 def is_fl_command() -> bool:
     """Whether this process is the ``fl`` command (not a process that imports pflkit or calls the command)."""
-    main = sys.modules.get("__main__")
-    script = os.path.basename(getattr(main, "__file__", None) or "")
-    if script == "fl":
+    if sys.argv and os.path.basename(sys.argv[0]) == "fl":  # its console script (a spawned child has "-c")
         return True
     argv = list(getattr(sys, "orig_argv", ()))  # python ... -m pflkit.core.cli (Python 3.10+)
     return any(a == "-m" and b == "pflkit.core.cli" for a, b in zip(argv, argv[1:]))
