@@ -2,7 +2,9 @@
 the middle of an import would end the command with a traceback. Imported first by ``pflkit.core``; only in the
 ``fl`` command (its console script, ``python -m pflkit.core.cli`` or torchrun's ``-m pflkit.core.cli``) does it
 make a Ctrl-C before the command runs exit 130 with one line. ``cli.main`` puts Python's own handler back before
-the command runs, so commands see KeyboardInterrupt as usual. A library user's process is left alone.
+the command runs, so commands see KeyboardInterrupt as usual. A library user's process is left alone. A Ctrl-C
+before pflkit's first import (Python's own start-up and its site packages: 0.1-0.3 s, longer on a loaded machine)
+is Python's, which prints its own traceback: no code of the command has run yet.
 """
 from __future__ import annotations
 
