@@ -1,10 +1,18 @@
-"""Helpers for plugin tests: a tiny, fast, fully seeded run on the embedded dataset."""
+"""Helpers for plugin tests: a tiny, fast, fully seeded run on the embedded dataset, and the checks every
+algorithm's tests repeat (pooled = one trainer per client, resume = full run, bad input = one line and exit 2,
+``--workers N`` = serial)."""
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .config import deep_merge, parse_sets, resolve
+from .backend import SerialBackend
+from .config import deep_merge, parse_sets, resolve, to_plain
 from .simulation import Simulation
 
 TINY: Dict[str, Any] = {
@@ -26,12 +34,24 @@ def tiny_config(algorithm: str, overrides: Optional[Dict[str, Any]] = None, sets
     return resolve([layer, parse_sets(sets)], algorithm=algorithm)
 
 
+def tiny_simulation(algorithm: str, run_dir: Path, overrides: Optional[Dict[str, Any]] = None, sets: tuple = (),
+                    **sim_kwargs) -> Simulation:
+    """A :class:`Simulation` of ``tiny_config(algorithm, overrides, sets)`` writing to ``run_dir`` (no TensorBoard);
+    ``sim_kwargs`` go to the Simulation (e.g. ``backend=``)."""
+    return Simulation(tiny_config(algorithm, overrides, sets), run_dir=Path(run_dir), tensorboard=False, **sim_kwargs)
+
+
+def tiny_run(algorithm: str, run_dir: Path, overrides: Optional[Dict[str, Any]] = None, sets: tuple = (),
+             **sim_kwargs) -> Tuple[Simulation, Dict[str, Any]]:
+    """Run :func:`tiny_simulation` to the end; return the simulation (its server, trainers) and the run summary."""
+    sim = tiny_simulation(algorithm, run_dir, overrides, sets, **sim_kwargs)
+    return sim, sim.run()
+
+
 def quick_run(algorithm: str, tmp_path: Path, overrides: Optional[Dict[str, Any]] = None, sets: tuple = (),
               **sim_kwargs) -> Dict[str, Any]:
     """Run ``algorithm`` on a tiny config in ``tmp_path/run`` and return the run summary."""
-    cfg = tiny_config(algorithm, overrides, sets)
-    sim = Simulation(cfg, run_dir=Path(tmp_path) / "run", tensorboard=False, **sim_kwargs)
-    return sim.run()
+    return tiny_run(algorithm, Path(tmp_path) / "run", overrides, sets, **sim_kwargs)[1]
 
 
 def run_capturing_replies(sim: Simulation) -> Dict[int, Dict[int, Dict[str, Any]]]:
@@ -49,3 +69,93 @@ def run_capturing_replies(sim: Simulation) -> Dict[int, Dict[int, Dict[str, Any]
     finally:
         sim.server.aggregate_fit = original
     return captured
+
+
+class OneTrainerPerClient(SerialBackend):
+    """One live trainer per client whatever the trainer declares (the legacy path): the reference a pooled run,
+    which keeps only each client's declared state, must equal bit for bit. Pass it as ``backend=``."""
+
+    def start(self, build_trainer, client_ids, state_options=None):
+        super().start(lambda cid: build_trainer(cid), client_ids)  # no state options: never pooled
+
+
+def metrics_records(run_dir: Path, drop: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """The records of ``run_dir/metrics.jsonl`` without wall-clock timings (keys containing "seconds") and without
+    the keys containing any of ``drop``: what two runs that should agree are compared on."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if "seconds" not in k and not any(d in k for d in drop)}
+            for line in lines]
+
+
+def assert_resume_matches_full_run(algorithm: str, overrides: Optional[Dict[str, Any]], tmp_path: Path,
+                                   sets: tuple = (), stop_after: Optional[int] = None) -> None:
+    """A tiny run stopped after ``stop_after`` rounds (default: one before the end) and resumed from its checkpoint
+    reaches the summary and the metrics records of the same run made in one go (in ``tmp_path/full``, ``/part``)."""
+    tmp_path = Path(tmp_path)
+    _, full = tiny_run(algorithm, tmp_path / "full", overrides, sets)
+    part = tiny_simulation(algorithm, tmp_path / "part", overrides, sets)
+    rounds = int(part.cfg.rounds)
+    part.run(stop_after=rounds - 1 if stop_after is None else stop_after)
+    resumed = Simulation.resume(tmp_path / "part", tensorboard=False).run()
+    assert resumed["rounds_completed"] == rounds and resumed["final"] == full["final"]
+    assert metrics_records(tmp_path / "part") == metrics_records(tmp_path / "full")
+
+
+def assert_one_line_error(args: Sequence[str], fragment: str, out_dir: Path, strict: bool = False) -> str:
+    """``fl ARGS`` (in-process) is refused the way bad input must be: exit status 2, exactly one ``Error`` line, which
+    contains ``fragment``, no traceback, and no run directory left in ``out_dir``. ``strict`` also requires that line
+    to be all the output and ``out_dir`` to stay empty, files included. Returns the output."""
+    from click.testing import CliRunner
+
+    from .cli.main import cli
+
+    res = CliRunner().invoke(cli, list(args))
+    assert res.exit_code == 2, res.output
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert len(errors) == 1 and fragment in errors[0] and "Traceback" not in res.output, res.output
+    assert not [p for p in Path(out_dir).iterdir() if p.is_dir()]  # a failed start leaves no run folder behind
+    if strict:
+        assert [ln for ln in res.output.splitlines() if ln.strip()] == errors, res.output
+        assert not any(Path(out_dir).iterdir())
+    return res.output
+
+
+def assert_run_refused(algorithm: str, sets: Sequence[str], fragment: str, out_dir: Path,
+                       strict: bool = False) -> str:
+    """``fl run --plugin ALGORITHM --set output_dir=OUT_DIR --set rounds=1 --set S...`` is refused as
+    :func:`assert_one_line_error` says."""
+    args = ["run", "--plugin", algorithm, "--no-progress", "--set", f"output_dir={out_dir}", "--set", "rounds=1"]
+    for s in sets:
+        args += ["--set", s]
+    return assert_one_line_error(args, fragment, out_dir, strict)
+
+
+def run_with_workers(cfg, workers: int, out_dir: Path, run_name: str, timeout: float = 300) -> Path:
+    """Run the resolved config ``cfg`` with ``fl run --workers N`` in a subprocess (gloo on 127.0.0.1, one thread,
+    bounded rendezvous and collective timeouts) and return its run directory, ``out_dir/run_name``. The command runs
+    in a process group of its own, killed whole if it outlives ``timeout`` seconds, so no worker is left behind."""
+    out_dir = Path(out_dir)
+    config = out_dir / f"{run_name}.config.json"
+    config.write_text(json.dumps(to_plain(cfg)))
+    cmd = [sys.executable, "-m", "pflkit.core.cli", "run", "--workers", str(workers), "--no-progress", "--config",
+           str(config), "--set", f"output_dir={out_dir}", "--set", f"run_name={run_name}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "60", "PFLKIT_DIST_TIMEOUT": "120"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err
+    return out_dir / run_name
+
+
+def assert_workers_match_serial(algorithm: str, overrides: Optional[Dict[str, Any]], tmp_path: Path,
+                                sets: tuple = (), workers: int = 2) -> None:
+    """A tiny run with ``--workers N`` gives the metrics records of the same run made serially."""
+    tmp_path = Path(tmp_path)
+    parallel = run_with_workers(tiny_config(algorithm, overrides, sets), workers, tmp_path, f"w{workers}")
+    tiny_run(algorithm, tmp_path / "serial", overrides, sets)
+    assert metrics_records(parallel) == metrics_records(tmp_path / "serial")
