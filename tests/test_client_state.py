@@ -10,20 +10,12 @@ import pytest
 import torch
 
 from pflkit.core import LocalSGDTrainer, Simulation
-from pflkit.core.backend import SerialBackend
 from pflkit.core.checkpoint import CHECKPOINT_NAME, MAGIC, load_checkpoint, open_checkpoint, to_safe
 from pflkit.core.client import can_pool, state_declared
 from pflkit.core.clientstate import ClientStateStore, parse_size, same_state
 from pflkit.core.errors import ConfigError
 from pflkit.core.server import GlobalModelAggregator, ServerAggregator
-from pflkit.core.testing import tiny_config
-
-
-class LegacyBackend(SerialBackend):
-    """One live trainer per client whatever the trainer declares: today's behaviour, the reference."""
-
-    def start(self, build_trainer, client_ids, state_options=None):
-        super().start(lambda cid: build_trainer(cid), client_ids)
+from pflkit.core.testing import OneTrainerPerClient as LegacyBackend, tiny_config
 
 
 def run(tmp_path, name, algorithm, over=None, sets=(), backend=None, stop_after=None):

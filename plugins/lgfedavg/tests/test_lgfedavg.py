@@ -1,42 +1,21 @@
 """LG-FedAvg: the top layers are shared and the lower ones stay local, sharing every layer is FedAvg bit for bit,
 pooled = one trainer per client, resume, two processes = serial, bad input as one line + exit 2."""
-import json
 import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from pflkit.core import MODELS, Simulation
-from pflkit.core.backend import SerialBackend
-from pflkit.core.cli.main import cli
-from pflkit.core.config import to_plain
-from pflkit.core.testing import tiny_config
+from pflkit.core import MODELS
+from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
+                                 assert_workers_match_serial, metrics_records as records, tiny_run)
 from pflkit_lgfedavg import LGFedAvgTrainer, model_layers, top_layer_keys
 
 # a 3-layer MLP, so that the default (2 global layers) leaves one local layer
 OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}, "model": {"name": "mlp", "hidden": [32, 16]}}
 
 
-class OneTrainerPerClient(SerialBackend):
-    """One live trainer per client whatever the trainer declares: the reference for pooled runs."""
-
-    def start(self, build_trainer, client_ids, state_options=None):
-        super().start(lambda cid: build_trainer(cid), client_ids)
-
-
-def records(run_dir):
-    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(ln).items() if "seconds" not in k} for ln in lines]
-
-
 def run(tmp_path, name, algorithm="lgfedavg", sets=(), **kw):
-    sim = Simulation(tiny_config(algorithm, OVER, sets), run_dir=tmp_path / name, tensorboard=False, **kw)
-    return sim, sim.run()
+    return tiny_run(algorithm, tmp_path / name, OVER, sets, **kw)
 
 
 def test_layers_are_counted_from_the_output():
@@ -87,11 +66,7 @@ def test_pooled_equals_one_trainer_per_client(tmp_path):
 
 
 def test_resume_reaches_the_same_numbers(tmp_path):
-    _, full = run(tmp_path, "full")
-    Simulation(tiny_config("lgfedavg", OVER), run_dir=tmp_path / "part", tensorboard=False).run(stop_after=2)
-    resumed = Simulation.resume(tmp_path / "part", tensorboard=False).run()
-    assert resumed["rounds_completed"] == 3 and resumed["final"] == full["final"]
-    assert records(tmp_path / "part") == records(tmp_path / "full")
+    assert_resume_matches_full_run("lgfedavg", OVER, tmp_path)
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -99,32 +74,10 @@ def test_resume_reaches_the_same_numbers(tmp_path):
     (("trainer.global_layers=5",), "trainer.global_layers: 5 is more than the 4 layers of model SplitModel"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, sets, message):
-    args = ["run", "--plugin", "lgfedavg", "--no-progress", "--set", f"output_dir={tmp_path}", "--set", "rounds=1"]
-    for s in sets:
-        args += ["--set", s]
-    res = CliRunner().invoke(cli, args)
-    assert res.exit_code == 2, res.output
-    assert message in res.output and "Traceback" not in res.output
-    assert sum(ln.startswith("Error") for ln in res.output.splitlines()) == 1
-    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # a failed start leaves no run folder behind
+    assert_run_refused("lgfedavg", sets, message, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
 def test_two_workers_give_the_serial_numbers(tmp_path):
-    path = tmp_path / "cfg.json"
-    path.write_text(json.dumps(to_plain(tiny_config("lgfedavg", OVER))))
-    cmd = [sys.executable, "-m", "pflkit.core.cli", "run", "--workers", "2", "--no-progress", "--config", str(path),
-           "--set", f"output_dir={tmp_path}", "--set", "run_name=w2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "60", "PFLKIT_DIST_TIMEOUT": "120"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 0, err
-    run(tmp_path, "serial")
-    assert records(tmp_path / "w2") == records(tmp_path / "serial")
+    assert_workers_match_serial("lgfedavg", OVER, tmp_path)

@@ -1,28 +1,20 @@
 """Per-FedAvg: the trainer's local step is the paper's (FO and HF, against autograd's exact second derivatives),
 alpha 0 is FedAvg bit for bit, evaluation is one step with alpha on a scratch copy, uniform mean, pooled = one trainer
 per client, resume, two processes = serial, bad input."""
-import json
 import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import Simulation
 from pflkit.core.adaptation import AdaptationSettings
-from pflkit.core.backend import SerialBackend
-from pflkit.core.cli.main import cli
 from pflkit.core.client import ClientContext
 from pflkit.core.clientstate import same_state
-from pflkit.core.config import to_plain
 from pflkit.core.task import classification
-from pflkit.core.testing import run_capturing_replies, tiny_config
+from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
+                                 assert_workers_match_serial, metrics_records as records, run_capturing_replies,
+                                 tiny_config, tiny_simulation)
 from pflkit.core.training import TensorData
 from pflkit.models.base import SplitModel
 from pflkit_perfedavg import PerFedAvgTrainer
@@ -30,23 +22,8 @@ from pflkit_perfedavg import PerFedAvgTrainer
 OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}}
 
 
-class OneTrainerPerClient(SerialBackend):
-    """One live trainer per client whatever the trainer declares: the reference for pooled runs."""
-
-    def start(self, build_trainer, client_ids, state_options=None):
-        super().start(lambda cid: build_trainer(cid), client_ids)
-
-
-def records(run_dir, drop=()):
-    out = []
-    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        out.append({k: v for k, v in rec.items() if "seconds" not in k and not any(d in k for d in drop)})
-    return out
-
-
 def simulation(tmp_path, name, algorithm="perfedavg", sets=(), **kw):
-    return Simulation(tiny_config(algorithm, OVER, sets), run_dir=tmp_path / name, tensorboard=False, **kw)
+    return tiny_simulation(algorithm, tmp_path / name, OVER, sets, **kw)
 
 
 # -- one client against autograd ------------------------------------------------------------------------------
@@ -158,11 +135,7 @@ def test_pooled_equals_one_trainer_per_client(tmp_path):
 
 
 def test_resume_reaches_the_same_numbers(tmp_path):
-    full = simulation(tmp_path, "full").run()
-    simulation(tmp_path, "part").run(stop_after=2)
-    resumed = Simulation.resume(tmp_path / "part", tensorboard=False).run()
-    assert resumed["rounds_completed"] == 3 and resumed["final"] == full["final"]
-    assert records(tmp_path / "part") == records(tmp_path / "full")
+    assert_resume_matches_full_run("perfedavg", OVER, tmp_path)
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -173,33 +146,10 @@ def test_resume_reaches_the_same_numbers(tmp_path):
     (("eval.adapt_epochs=1",), "eval.adapt_steps (1) and eval.adapt_epochs (1) are both set"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, sets, message):
-    args = ["run", "--plugin", "perfedavg", "--no-progress", "--set", f"output_dir={tmp_path}", "--set", "rounds=1"]
-    for s in sets:
-        args += ["--set", s]
-    res = CliRunner().invoke(cli, args)
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in res.output, res.output
-    assert not any(tmp_path.iterdir())  # a failed start leaves nothing behind
+    assert_run_refused("perfedavg", sets, message, tmp_path, strict=True)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
 def test_two_workers_give_the_serial_numbers(tmp_path):
-    cfg = tiny_config("perfedavg", OVER, ("trainer.variant=hf",))
-    path = tmp_path / "cfg.json"
-    path.write_text(json.dumps(to_plain(cfg)))
-    cmd = [sys.executable, "-m", "pflkit.core.cli", "run", "--workers", "2", "--no-progress", "--config", str(path),
-           "--set", f"output_dir={tmp_path}", "--set", "run_name=w2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "60", "PFLKIT_DIST_TIMEOUT": "120"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 0, err
-    simulation(tmp_path, "serial", sets=("trainer.variant=hf",)).run()
-    assert records(tmp_path / "w2") == records(tmp_path / "serial")
+    assert_workers_match_serial("perfedavg", OVER, tmp_path, ("trainer.variant=hf",))

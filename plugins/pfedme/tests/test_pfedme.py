@@ -1,44 +1,23 @@
 """pFedMe: the update rules on hand-made tensors, the beta = 1 / one-inner-step reduction, evaluation of theta,
 pooled = one trainer per client, resume, the fast path, bad input, and --workers 2 = serial (slow)."""
-import json
 import os
-import signal
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from click.testing import CliRunner
 
 from pflkit.core import Simulation
-from pflkit.core.backend import SerialBackend
-from pflkit.core.cli.main import cli
 from pflkit.core.clientstate import same_state
-from pflkit.core.config import to_plain
-from pflkit.core.testing import tiny_config
+from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
+                                 assert_workers_match_serial, metrics_records as records, tiny_config, tiny_run)
 from pflkit_pfedme import PFedMeTrainer, beta_mix, inner_step, local_w_step
 
 OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}}
 
 
-class OneTrainerPerClient(SerialBackend):
-    """One live trainer per client whatever the trainer declares: the reference for pooled runs."""
-
-    def start(self, build_trainer, client_ids, state_options=None):
-        super().start(lambda cid: build_trainer(cid), client_ids)
-
-
-def records(run_dir):
-    return [{k: v for k, v in json.loads(line).items() if "seconds" not in k}
-            for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-
-
 def run(tmp_path, name, algorithm="pfedme", sets=(), over=OVER, **kw):
-    sim = Simulation(tiny_config(algorithm, over, sets), run_dir=tmp_path / name, tensorboard=False, **kw)
-    return sim, sim.run()
+    return tiny_run(algorithm, tmp_path / name, over, sets, **kw)
 
 
 # -- the equations --------------------------------------------------------------------------------------------
@@ -125,11 +104,7 @@ def test_pooled_equals_one_trainer_per_client(tmp_path):
 
 
 def test_resume_reaches_the_same_numbers(tmp_path):
-    _, full = run(tmp_path, "full")
-    Simulation(tiny_config("pfedme", OVER), run_dir=tmp_path / "part", tensorboard=False).run(stop_after=2)
-    resumed = Simulation.resume(tmp_path / "part", tensorboard=False).run()
-    assert resumed["rounds_completed"] == 3 and resumed["final"] == full["final"]
-    assert records(tmp_path / "part") == records(tmp_path / "full")
+    assert_resume_matches_full_run("pfedme", OVER, tmp_path)
 
 
 def test_fast_path_all_reduces_the_uniform_mean_before_beta(tmp_path):
@@ -157,32 +132,10 @@ def test_fast_path_all_reduces_the_uniform_mean_before_beta(tmp_path):
     (("trainer.inner_start=cold",), "trainer.inner_start: 'cold' is not one of"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, sets, message):
-    args = ["run", "--plugin", "pfedme", "--no-progress", "--set", f"output_dir={tmp_path}", "--set", "rounds=1"]
-    for s in sets:
-        args += ["--set", s]
-    res = CliRunner().invoke(cli, args)
-    assert res.exit_code == 2, res.output
-    assert message in res.output and "Traceback" not in res.output
-    assert sum(ln.startswith("Error") for ln in res.output.splitlines()) == 1
-    assert not [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert_run_refused("pfedme", sets, message, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
 def test_two_workers_give_the_serial_numbers(tmp_path):
-    path = tmp_path / "cfg.json"
-    path.write_text(json.dumps(to_plain(tiny_config("pfedme", OVER))))
-    cmd = [sys.executable, "-m", "pflkit.core.cli", "run", "--workers", "2", "--no-progress", "--config", str(path),
-           "--set", f"output_dir={tmp_path}", "--set", "run_name=w2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "60", "PFLKIT_DIST_TIMEOUT": "120"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 0, err
-    run(tmp_path, "serial")
-    assert records(tmp_path / "w2") == records(tmp_path / "serial")
+    assert_workers_match_serial("pfedme", OVER, tmp_path)
