@@ -87,6 +87,19 @@ def metrics_records(run_dir: Path, drop: Sequence[str] = ()) -> List[Dict[str, A
             for line in lines]
 
 
+def assert_pooled_matches_one_trainer_per_client(algorithm: str, overrides: Optional[Dict[str, Any]],
+                                                  tmp_path: Path, sets: tuple = ()) -> Tuple[Simulation, Simulation]:
+    """A tiny run pooled (only each client's declared state kept) gives the metrics records and final scores of the
+    same run with one live trainer per client (in ``tmp_path/pooled``, ``/legacy``). Returns both simulations, for the
+    plugin's own checks of the state its clients keep."""
+    tmp_path = Path(tmp_path)
+    pooled, a = tiny_run(algorithm, tmp_path / "pooled", overrides, sets)
+    legacy, b = tiny_run(algorithm, tmp_path / "legacy", overrides, sets, backend=OneTrainerPerClient())
+    assert pooled.backend.pool is not None and legacy.backend.pool is None
+    assert metrics_records(tmp_path / "pooled") == metrics_records(tmp_path / "legacy") and a["final"] == b["final"]
+    return pooled, legacy
+
+
 def assert_resume_matches_full_run(algorithm: str, overrides: Optional[Dict[str, Any]], tmp_path: Path,
                                    sets: tuple = (), stop_after: Optional[int] = None) -> None:
     """A tiny run stopped after ``stop_after`` rounds (default: one before the end) and resumed from its checkpoint
@@ -130,25 +143,36 @@ def assert_run_refused(algorithm: str, sets: Sequence[str], fragment: str, out_d
     return assert_one_line_error(args, fragment, out_dir, strict)
 
 
+def run_in_own_session(cmd: Sequence[str], env: Optional[Dict[str, str]] = None,
+                       timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a process group of its own; if it outlives ``timeout`` seconds the whole group (the workers it
+    started too) is killed, so a test never leaves a process behind."""
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+# one thread, and rendezvous and collectives bounded in time, for multi-process test runs on 127.0.0.1
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "60", "PFLKIT_DIST_TIMEOUT": "120"}
+
+
 def run_with_workers(cfg, workers: int, out_dir: Path, run_name: str, timeout: float = 300) -> Path:
-    """Run the resolved config ``cfg`` with ``fl run --workers N`` in a subprocess (gloo on 127.0.0.1, one thread,
-    bounded rendezvous and collective timeouts) and return its run directory, ``out_dir/run_name``. The command runs
-    in a process group of its own, killed whole if it outlives ``timeout`` seconds, so no worker is left behind."""
+    """Run the resolved config ``cfg`` with ``fl run --workers N`` (gloo on 127.0.0.1) in a subprocess, as
+    :func:`run_in_own_session` does, with :data:`WORKER_ENV`; assert it succeeded and return its run directory,
+    ``out_dir/run_name``."""
     out_dir = Path(out_dir)
     config = out_dir / f"{run_name}.config.json"
     config.write_text(json.dumps(to_plain(cfg)))
     cmd = [sys.executable, "-m", "pflkit.core.cli", "run", "--workers", str(workers), "--no-progress", "--config",
            str(config), "--set", f"output_dir={out_dir}", "--set", f"run_name={run_name}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "60", "PFLKIT_DIST_TIMEOUT": "120"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 0, err
+    res = run_in_own_session(cmd, {**os.environ, **WORKER_ENV}, timeout)
+    assert res.returncode == 0, res.stderr
     return out_dir / run_name
 
 

@@ -20,7 +20,7 @@ from pflkit.core import registry as reg
 from pflkit.core.config import deep_merge, to_plain
 from pflkit.core.distributed.assign import assign_clients
 from pflkit.core.simulation import Simulation
-from pflkit.core.testing import tiny_config
+from pflkit.core.testing import run_in_own_session, tiny_config
 
 FAST = ["fedavg", "fedcac", "fedcp", "fedsa"]
 OTHERS = ["ditto", "fedbn", "fedc2i", "fedper", "fedproto", "fedprox", "fedrep", "fedrod", "local", "pcfl"]
@@ -250,15 +250,7 @@ def test_every_other_algorithm_gives_the_serial_numbers_with_two_processes(tmp_p
 
 def _run_cmd(cmd: List[str], timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``cmd`` in its own process group; on timeout the whole group (its workers too) is killed."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return run_in_own_session(cmd, ENV, timeout)
 
 
 def _fl(*args, timeout=300) -> subprocess.CompletedProcess:

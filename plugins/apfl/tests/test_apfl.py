@@ -8,8 +8,9 @@ from torch.func import functional_call
 
 from pflkit.core import Simulation
 from pflkit.core.clientstate import same_state
-from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
-                                 assert_workers_match_serial, metrics_records as records, tiny_config, tiny_run)
+from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
+                                 assert_run_refused, assert_workers_match_serial, metrics_records as records,
+                                 tiny_config, tiny_run)
 from pflkit_apfl import APFLTrainer, alpha_grad, alpha_step, mix
 
 OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}}
@@ -80,10 +81,7 @@ def test_v_learns_through_the_mixture_and_alpha_adapts(tmp_path):
 
 
 def test_pooled_equals_one_trainer_per_client(tmp_path):
-    pooled, a = run(tmp_path, "pooled")
-    legacy, b = run(tmp_path, "legacy", backend=OneTrainerPerClient())
-    assert pooled.backend.pool is not None and legacy.backend.pool is None
-    assert records(tmp_path / "pooled") == records(tmp_path / "legacy") and a["final"] == b["final"]
+    pooled, legacy = assert_pooled_matches_one_trainer_per_client("apfl", OVER, tmp_path)
     for cid in pooled.client_ids:
         want, got = legacy.backend.trainers[cid].state_dict(), pooled.backend.trainers[cid].state_dict()
         assert sorted(got) == sorted(want) and want["alpha"] == got["alpha"], cid

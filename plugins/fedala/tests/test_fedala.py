@@ -10,8 +10,9 @@ from click.testing import CliRunner
 from pflkit.core import Simulation
 from pflkit.core.cli.main import cli
 from pflkit.core.clientstate import same_state
-from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
-                                 assert_workers_match_serial, metrics_records as records, tiny_config, tiny_run)
+from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
+                                 assert_run_refused, assert_workers_match_serial, metrics_records as records,
+                                 tiny_config, tiny_run)
 from pflkit_fedala import ala_init, ala_step, top_layer_keys
 from pflkit_fedala.equations import converged, layer_groups
 
@@ -125,10 +126,7 @@ def test_wraps_other_algorithms(tmp_path, base):
 # -- state -----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sets", [(), ("trainer.base=ditto",)])
 def test_pooled_equals_one_trainer_per_client(tmp_path, sets):
-    pooled, a = run(tmp_path, "pooled", sets=sets)
-    legacy, b = run(tmp_path, "legacy", sets=sets, backend=OneTrainerPerClient())
-    assert pooled.backend.pool is not None and legacy.backend.pool is None
-    assert records(tmp_path / "pooled") == records(tmp_path / "legacy") and a["final"] == b["final"]
+    pooled, legacy = assert_pooled_matches_one_trainer_per_client("fedala", OVER, tmp_path, sets)
     for cid in pooled.client_ids:
         want, got = legacy.backend.trainers[cid].state_dict(), pooled.backend.trainers[cid].state_dict()
         assert sorted(got) == sorted(want), cid

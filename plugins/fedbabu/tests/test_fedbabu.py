@@ -8,9 +8,9 @@ from torch import nn
 
 from pflkit.core import MODELS, TRAINERS, make_optimizer, run_sgd
 from pflkit.core.clientstate import same_state
-from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
-                                 assert_workers_match_serial, metrics_records as records, run_capturing_replies,
-                                 tiny_config, tiny_simulation)
+from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
+                                 assert_run_refused, assert_workers_match_serial, metrics_records as records,
+                                 run_capturing_replies, tiny_config, tiny_simulation)
 from pflkit_fedavg import FedAvgTrainer
 from pflkit_fedbabu import FedBABUTrainer
 
@@ -97,12 +97,7 @@ def test_fedbabu_defaults_are_the_papers_protocol():
 
 
 def test_pooled_equals_one_trainer_per_client(tmp_path):
-    pooled = simulation(tmp_path, "pooled")
-    pooled.run()
-    legacy = simulation(tmp_path, "legacy", backend=OneTrainerPerClient())
-    legacy.run()
-    assert pooled.backend.pool is not None and legacy.backend.pool is None
-    assert records(tmp_path / "pooled") == records(tmp_path / "legacy")
+    pooled, _ = assert_pooled_matches_one_trainer_per_client("fedbabu", OVER, tmp_path, FT)
     assert len(pooled.backend.pool.store) == 0  # the frozen head equals the initial state: nothing is stored
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from pflkit.core import Simulation
-from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
-                                 assert_workers_match_serial, metrics_records as records, tiny_config, tiny_run)
+from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
+                                 assert_run_refused, assert_workers_match_serial, metrics_records as records,
+                                 tiny_config, tiny_run)
 from pflkit_fedntd import FedNTDTrainer
 
 OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}}
@@ -45,10 +46,7 @@ def test_distillation_target_is_the_received_model_frozen(tmp_path):
 
 
 def test_pooled_equals_one_trainer_per_client(tmp_path):
-    pooled, a = run(tmp_path, "pooled")
-    legacy, b = run(tmp_path, "legacy", backend=OneTrainerPerClient())
-    assert pooled.backend.pool is not None and legacy.backend.pool is None
-    assert records(tmp_path / "pooled") == records(tmp_path / "legacy") and a["final"] == b["final"]
+    assert_pooled_matches_one_trainer_per_client("fedntd", OVER, tmp_path)
 
 
 def test_resume_reaches_the_same_numbers(tmp_path):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pflkit.core import MODELS
-from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
-                                 assert_workers_match_serial, metrics_records as records, tiny_run)
+from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
+                                 assert_run_refused, assert_workers_match_serial, metrics_records as records, tiny_run)
 from pflkit_lgfedavg import LGFedAvgTrainer, model_layers, top_layer_keys
 
 # a 3-layer MLP, so that the default (2 global layers) leaves one local layer
@@ -59,10 +59,7 @@ def test_sharing_every_layer_is_fedavg_bit_for_bit(tmp_path):
 
 
 def test_pooled_equals_one_trainer_per_client(tmp_path):
-    pooled, a = run(tmp_path, "pooled")
-    legacy, b = run(tmp_path, "legacy", backend=OneTrainerPerClient())
-    assert pooled.backend.pool is not None and legacy.backend.pool is None
-    assert records(tmp_path / "pooled") == records(tmp_path / "legacy") and a["final"] == b["final"]
+    assert_pooled_matches_one_trainer_per_client("lgfedavg", OVER, tmp_path)
 
 
 def test_resume_reaches_the_same_numbers(tmp_path):

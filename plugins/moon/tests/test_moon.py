@@ -10,8 +10,9 @@ from torch import nn
 
 from pflkit.core import MODELS, Simulation
 from pflkit.core import registry as reg
-from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
-                                 assert_workers_match_serial, metrics_records as records, tiny_config, tiny_run)
+from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
+                                 assert_run_refused, assert_workers_match_serial, metrics_records as records,
+                                 tiny_config, tiny_run)
 from pflkit_moon import MOONTrainer
 
 # the tiny MLP with MOON's projection head (8 wide here), so the contrasted z is the projection's output
@@ -58,10 +59,7 @@ def test_previous_model_is_the_last_trained_one_and_only_its_representation_is_k
 
 
 def test_pooled_equals_one_trainer_per_client(tmp_path):
-    pooled, a = run(tmp_path, "pooled")
-    legacy, b = run(tmp_path, "legacy", backend=OneTrainerPerClient())
-    assert pooled.backend.pool is not None and legacy.backend.pool is None
-    assert records(tmp_path / "pooled") == records(tmp_path / "legacy") and a["final"] == b["final"]
+    pooled, legacy = assert_pooled_matches_one_trainer_per_client("moon", OVER, tmp_path)
     for cid in pooled.client_ids:  # the kept previous models, bit for bit
         want = legacy.backend.trainers[cid].previous.state_dict()
         got = pooled.backend.trainers[cid].state_dict()["previous"]

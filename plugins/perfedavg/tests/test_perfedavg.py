@@ -12,9 +12,9 @@ from pflkit.core.adaptation import AdaptationSettings
 from pflkit.core.client import ClientContext
 from pflkit.core.clientstate import same_state
 from pflkit.core.task import classification
-from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
-                                 assert_workers_match_serial, metrics_records as records, run_capturing_replies,
-                                 tiny_config, tiny_simulation)
+from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
+                                 assert_run_refused, assert_workers_match_serial, metrics_records as records,
+                                 run_capturing_replies, tiny_config, tiny_simulation)
 from pflkit.core.training import TensorData
 from pflkit.models.base import SplitModel
 from pflkit_perfedavg import PerFedAvgTrainer
@@ -125,13 +125,7 @@ def test_defaults_uniform_mean_and_one_step_evaluation(tmp_path):
 
 
 def test_pooled_equals_one_trainer_per_client(tmp_path):
-    sets = ("trainer.variant=hf",)
-    pooled = simulation(tmp_path, "pooled", sets=sets)
-    pooled.run()
-    legacy = simulation(tmp_path, "legacy", sets=sets, backend=OneTrainerPerClient())
-    legacy.run()
-    assert pooled.backend.pool is not None and legacy.backend.pool is None
-    assert records(tmp_path / "pooled") == records(tmp_path / "legacy")
+    assert_pooled_matches_one_trainer_per_client("perfedavg", OVER, tmp_path, ("trainer.variant=hf",))
 
 
 def test_resume_reaches_the_same_numbers(tmp_path):

@@ -9,8 +9,8 @@ import torch.distributed as dist
 
 from pflkit.core import Simulation
 from pflkit.core.clientstate import same_state
-from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full_run, assert_run_refused,
-                                 assert_workers_match_serial, metrics_records as records, tiny_config, tiny_run)
+from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
+                                 assert_run_refused, assert_workers_match_serial, tiny_config, tiny_run)
 from pflkit_pfedme import PFedMeTrainer, beta_mix, inner_step, local_w_step
 
 OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}}
@@ -94,10 +94,7 @@ def test_evaluation_scores_the_personal_theta_and_w_before_any_training(tmp_path
 
 # -- state -------------------------------------------------------------------------------------------------------
 def test_pooled_equals_one_trainer_per_client(tmp_path):
-    pooled, a = run(tmp_path, "pooled")
-    legacy, b = run(tmp_path, "legacy", backend=OneTrainerPerClient())
-    assert pooled.backend.pool is not None and legacy.backend.pool is None
-    assert records(tmp_path / "pooled") == records(tmp_path / "legacy") and a["final"] == b["final"]
+    pooled, legacy = assert_pooled_matches_one_trainer_per_client("pfedme", OVER, tmp_path)
     for cid in pooled.client_ids:
         want, got = legacy.backend.trainers[cid].state_dict(), pooled.backend.trainers[cid].state_dict()
         assert sorted(got) == sorted(want) and all(same_state(got[p], want[p]) for p in want), cid
