@@ -43,8 +43,19 @@ def legend_outside(ax: Any, fontsize: int = 7) -> None:
     which makes room for it); below rather than beside, so that side-by-side axes do not cover each other."""
     labels = ax.get_legend_handles_labels()[1]
     if labels:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), borderaxespad=0.0, fontsize=fontsize,
-                  ncol=1 if max(map(len, labels)) > 60 else 2, frameon=False)
+        import matplotlib
+        from matplotlib.font_manager import FontProperties
+        from matplotlib.transforms import offset_copy
+
+        rc = matplotlib.rcParams
+        points = lambda key: FontProperties(size=rc[key]).get_size_in_points()  # noqa: E731
+        # below the tick labels and the axis label by an offset in points, whatever the axes' height (a fraction
+        # of the axes lands on the label when tight_layout makes the axes short)
+        drop = (rc["xtick.major.size"] + rc["xtick.major.pad"] + points("xtick.labelsize") + rc["axes.labelpad"]
+                + points("axes.labelsize") + 6)
+        anchor = offset_copy(ax.transAxes, fig=ax.figure, y=-drop, units="points")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=anchor, borderaxespad=0.0,
+                  fontsize=fontsize, ncol=1 if max(map(len, labels)) > 60 else 2, frameon=False)
 
 
 def save_figure(fig: Any, path: Path, option: str = "--out") -> None:

@@ -318,16 +318,20 @@ def test_failed_write_keeps_the_previous_file_whole(run, tmp_path, monkeypatch):
 
 
 # -- fl plot / fl compare figures ----------------------------------------------------------------------------------
-def test_legends_are_outside_the_axes_and_bands_get_lighter():
+@pytest.mark.parametrize("figsize, title", [((12, 4.4), None), ((11, 4.2), "digits: mean over seeds 0, 1, 2")],
+                         ids=["fl-plot", "fl-compare"])
+def test_legends_are_outside_the_axes_and_bands_get_lighter(figsize, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax, _) = plt.subplots(1, 2, figsize=(12, 4.4))  # fl plot's figure
+    fig, (ax, _) = plt.subplots(1, 2, figsize=figsize)  # fl plot's figure, fl compare's (with its title)
     for i in range(12):
         ax.plot([1, 2, 3], [i, i + 1, i + 2], label=f"run-{i} uniform")
     ax.set_xlabel("round")
     legend_outside(ax)
-    fig.tight_layout()  # as fl plot does
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()  # as fl plot and fl compare do
     fig.canvas.draw()
     box, frame = ax.get_legend().get_window_extent(), ax.get_window_extent()
     assert box.y1 <= frame.y0, "the legend overlaps the plotted area"
