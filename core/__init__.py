@@ -11,6 +11,7 @@ from .params import Param
 from .protocol import BitMask, Message, payload_nbytes
 from .registry import AGGREGATORS, ALGORITHMS, DATASETS, MODELS, PARTITIONERS, TRAINERS
 from .server import GlobalModelAggregator, ServerAggregator, ServerContext, SetupStep
+from .serverstore import ServerClientStore
 from .simulation import Simulation
 from .task import Task, classification, regression
 from .training import TensorData, evaluate, make_optimizer, minibatches, run_sgd
@@ -21,5 +22,5 @@ __all__ = [
     "PluginError", "UnknownNameError", "Param", "BitMask", "Message", "payload_nbytes", "AGGREGATORS",
     "ALGORITHMS", "DATASETS", "MODELS", "PARTITIONERS", "TRAINERS", "GlobalModelAggregator",
     "ServerAggregator", "ServerContext", "Simulation", "Task", "classification", "regression", "TensorData",
-    "SetupStep", "evaluate", "make_optimizer", "minibatches", "run_sgd",
+    "SetupStep", "ServerClientStore", "evaluate", "make_optimizer", "minibatches", "run_sgd",
 ]

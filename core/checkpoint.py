@@ -7,7 +7,8 @@ File layout (format 3)::
     <body: the run state blob | one blob per client state holding tensors | the index blob>
 
 The run state (server, RNG, history, ...) and every client's state are separate ``torch.save`` blobs, written
-and read one at a time, so a run with thousands of clients never holds all their states at once; client states
+and read one at a time (so is every entry of the server's per-client stores, ``core.serverstore``: the run
+state's ``server_stores`` and the index's ``stores``), so a run with thousands of clients never holds all their states at once; client states
 without tensors (e.g. FedAvg's, which is empty) are kept inline in the run state, and identical client states
 (clients still at the shared initial state) are stored once. The index (last ``index_bytes``
 of the body) gives each blob's offset and length. Format 2 files (one blob holding everything) still load.
@@ -132,24 +133,34 @@ def save_checkpoint(run_dir: Path, state: Dict[str, Any], meta: Dict[str, Any]) 
                 digest.update(data)
                 return [offset, len(data)]
 
-            records: List[List[int]] = []
-            inline: Dict[Any, Any] = {}
-            order: List[Any] = []
             written: Dict[str, List[int]] = {}  # blob digest -> [offset, length]: identical states stored once
-            for cid in clients:
-                cstate = clients[cid]
-                order.append(cid)
-                if _has_tensor(cstate):
-                    data = _blob(cstate)
-                    key = hashlib.sha256(data).hexdigest()
-                    if key not in written:
-                        written[key] = put(data)
-                    records.append([int(cid), *written[key]])
-                else:
-                    inline[cid] = cstate
-            main = {k: v for k, v in state.items() if k != "clients"}
-            main["clients"] = {"order": order, "inline": inline}
-            index = {"main": put(_blob(main)), "records": records}
+
+            def stream(entries: Mapping) -> Tuple[Dict[str, Any], List[List[int]]]:
+                """Write each entry holding tensors as its own blob: ({order, inline}, index records)."""
+                records: List[List[int]] = []
+                inline: Dict[Any, Any] = {}
+                order: List[Any] = []
+                for cid in entries:
+                    cstate = entries[cid]
+                    order.append(cid)
+                    if _has_tensor(cstate):
+                        data = _blob(cstate)
+                        key = hashlib.sha256(data).hexdigest()
+                        if key not in written:
+                            written[key] = put(data)
+                        records.append([int(cid), *written[key]])
+                    else:
+                        inline[cid] = cstate
+                return {"order": order, "inline": inline}, records
+
+            main = {k: v for k, v in state.items() if k not in ("clients", "server_stores")}
+            main["clients"], records = stream(clients)
+            index = {"records": records}
+            if "server_stores" in state:  # core.serverstore: name -> cid -> entry, streamed like the clients
+                main["server_stores"], index["stores"] = {}, {}
+                for name, entries in state["server_stores"].items():
+                    main["server_stores"][name], index["stores"][name] = stream(entries)
+            index["main"] = put(_blob(main))
             index_bytes = put(_blob(index))[1]
             body_bytes = f.tell() - body_start
             header = {"format_version": FORMAT_VERSION, "body_sha256": digest.hexdigest(), "body_bytes": body_bytes,
@@ -314,7 +325,9 @@ def open_checkpoint(run_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
             try:
                 offset, length = index["main"]
                 records = {cid: (int(o), int(n)) for cid, o, n in index["records"]}
-            except (KeyError, TypeError, ValueError) as exc:
+                store_records = {name: {cid: (int(o), int(n)) for cid, o, n in recs}
+                                 for name, recs in dict(index.get("stores") or {}).items()}
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise CheckpointError(f"checkpoint {path} is corrupt (unreadable index); {_RESTORE}") from exc
             f.seek(body_start + offset)
             state = _load_blob(f.read(length), path)
@@ -324,6 +337,12 @@ def open_checkpoint(run_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         raise CheckpointError(f"checkpoint {path} does not hold a pflkit run state")
     clients = state["clients"]
     state["clients"] = ClientStates(path, body_start, clients.get("order", []), clients.get("inline", {}), records)
+    if "server_stores" in state:  # the server's per-client stores (core.serverstore), each read lazily too
+        stores = state["server_stores"]
+        if not isinstance(stores, dict) or not all(isinstance(v, dict) for v in stores.values()):
+            raise CheckpointError(f"checkpoint {path} does not hold a pflkit run state (server stores)")
+        state["server_stores"] = {name: ClientStates(path, body_start, v.get("order", []), v.get("inline", {}),
+                                                     store_records.get(name, {})) for name, v in stores.items()}
     return header, state
 
 
@@ -331,6 +350,8 @@ def load_checkpoint(run_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(header, state) of the run's checkpoint with every client state in memory (tools, tests, small runs)."""
     header, state = open_checkpoint(run_dir)
     state["clients"] = dict(state["clients"].items())
+    if "server_stores" in state:
+        state["server_stores"] = {name: dict(v.items()) for name, v in state["server_stores"].items()}
     return header, state
 
 

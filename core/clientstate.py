@@ -100,7 +100,10 @@ class ClientStateStore:
     spilled first) until the next ``track_previous`` call, so ``restore_previous`` can roll a client back.
     """
 
-    def __init__(self, budget: Optional[int] = None, spill_dir: Optional[Path] = None) -> None:
+    def __init__(self, budget: Optional[int] = None, spill_dir: Optional[Path] = None,
+                 what: str = "client state", budget_key: str = "clients.state_memory") -> None:
+        self.what = what  # how errors name a spilled entry (the server store: "server state 'NAME'")
+        self.budget_key = budget_key  # the key errors suggest raising
         self.budget = budget
         self.spill_dir = Path(spill_dir) if spill_dir is not None else None
         self._dir = OwnDir(self.spill_dir) if spill_dir is not None else None  # held open from the first spill
@@ -125,6 +128,18 @@ class ClientStateStore:
     @property
     def spilled(self) -> int:
         return len(self._spilled)
+
+    def ids(self) -> Set[int]:
+        """Every client with an entry, in memory or spilled."""
+        return set(self._memory) | self._spilled
+
+    def spill_oldest(self) -> bool:
+        """Spill the least recently used in-memory entry (False: none left); for a budget shared by several
+        stores (core.serverstore), which spills from whichever store holds the most."""
+        if not self._memory:
+            return False
+        self._spill(next(iter(self._memory)))
+        return True
 
     def get(self, cid: int) -> Optional[Any]:
         """The state of ``cid`` (None: never stored); a spilled state is read back without re-admitting it."""
@@ -246,8 +261,8 @@ class ClientStateStore:
             reason = getattr(exc, "strerror", None) or (str(exc).splitlines()[0][:200] if str(exc) else
                                                         type(exc).__name__)
             raise CheckpointError(
-                f"cannot spill client state to {self.spill_dir}: {reason}; the run's last checkpoint "
-                f"is intact (free disk space or raise clients.state_memory, then resume the run)") from None
+                f"cannot spill {self.what} to {self.spill_dir}: {reason}; the run's last checkpoint "
+                f"is intact (free disk space or raise {self.budget_key}, then resume the run)") from None
         self._sums[target.name] = (hashlib.sha256(data).hexdigest(), len(data))
         self.spills += 1
 
@@ -257,23 +272,23 @@ class ClientStateStore:
         try:
             data = self._dir.read(path.name, max(size, 0))
         except RunFileError as exc:
-            raise CheckpointError(f"spilled client state {path} was replaced after pflkit wrote it ({exc}); resume "
+            raise CheckpointError(f"spilled {self.what} {path} was replaced after pflkit wrote it ({exc}); resume "
                                   f"the run from its last checkpoint") from None
         except OSError as exc:
-            raise CheckpointError(f"spilled client state {path} cannot be read back ({exc.strerror or exc}); resume "
+            raise CheckpointError(f"spilled {self.what} {path} cannot be read back ({exc.strerror or exc}); resume "
                                   f"the run from its last checkpoint") from None
         if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-            raise CheckpointError(f"spilled client state {path} is not the file pflkit wrote for client {cid} "
+            raise CheckpointError(f"spilled {self.what} {path} is not the file pflkit wrote for client {cid} "
                                   f"(checksum mismatch: swapped, copied over or edited); resume the run from its "
                                   f"last checkpoint")
         try:
             doc = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise CheckpointError(f"spilled client state {path} cannot be read back ({type(exc).__name__}: "
+            raise CheckpointError(f"spilled {self.what} {path} cannot be read back ({type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); resume the run from its "
                                   f"last checkpoint") from None
         if not isinstance(doc, dict) or doc.get("client") != cid or "state" not in doc:
-            raise CheckpointError(f"spilled client state {path} does not hold client {cid}'s state (wrong structure "
+            raise CheckpointError(f"spilled {self.what} {path} does not hold client {cid}'s state (wrong structure "
                                   f"or another client's); resume the run from its last checkpoint")
         return doc["state"]
 

@@ -87,6 +87,11 @@ CORE_SCHEMA: Dict[str, Any] = {
         "state_memory": Param(None, "host memory for declared client states, e.g. 512MiB, 1GiB or bytes (default: "
                                     "no limit); the rest spills to <run>/client_state", check=_size),
     },
+    "server": {
+        "state_memory": Param(None, "host memory for the server's per-client stores (e.g. FedAMP's uploaded models), "
+                                    "e.g. 512MiB (default: no limit); the rest spills to <run>/server_state",
+                              check=_size),
+    },
     "failures": {
         "on_client_error": Param("skip", "a client whose code raises: skip it this round, or abort the run",
                                  choices=("skip", "abort")),
@@ -403,7 +408,8 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
 # ``threads`` may change too, with a warning: later rounds then differ in the last digits (see Simulation.resume).
 RESUME_SAFE_KEYS = ("rounds", "eval.every", "eval.final_k", "checkpoint.every", "failures.on_client_error",
                     "failures.client_timeout",
-                    "threads", "checkpoint.final", "clients.state_memory", "distributed.backend")
+                    "threads", "checkpoint.final", "clients.state_memory", "distributed.backend",
+                    "server.state_memory")
 # Where a run lives is not part of what it computes: a run directory may be moved or renamed.
 LOCATION_KEYS = ("output_dir", "run_name")
 # Keys added after checkpoints existed: at these values they compute what the configuration computed before the
@@ -412,7 +418,7 @@ NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed":
                                     "eval.adapt": "never", "eval.adapt_steps": None, "eval.adapt_epochs": None,
                                     "eval.adapt_lr": None, "eval.adapt_params": "all",
                                     "failures.client_timeout": None, "aggregator.weighting": "samples",
-                                    "model.projection_dim": 0}
+                                    "model.projection_dim": 0, "server.state_memory": None}
 
 
 def without_neutral_defaults(plain: Dict[str, Any]) -> Dict[str, Any]:
@@ -425,6 +431,8 @@ def without_neutral_defaults(plain: Dict[str, Any]) -> Dict[str, Any]:
             node = node.get(p, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict) and node.get(parts[-1], neutral) == neutral:
             node.pop(parts[-1], None)
+            if not node and len(parts) == 2 and plain.get(parts[0]) is node:  # a section added with the key
+                plain.pop(parts[0])
     return plain
 
 
@@ -454,6 +462,10 @@ def config_fingerprint(cfg: Mapping[str, Any]) -> str:
             node = node.get(p, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict):
             node.pop(parts[-1], None)
+    for key in NEUTRAL_DEFAULTS:  # a section that came with a neutral key (server) is absent from older runs
+        section = key.split(".")[0]
+        if "." in key and plain.get(section) == {}:
+            plain.pop(section)
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from .params import ParamSpec
 from .protocol import Message
+from .serverstore import ServerClientStore, ServerStores
 from .state import State, WeightedMean, clone_state, weighted_average
 from .task import Task
 
@@ -53,6 +54,9 @@ class ServerContext:
     # what the experimenter knows about the dataset, never client data: its name, input shape and the loader's
     # ``meta`` (e.g. a synthetic task's ground truth, for evaluating an algorithm, never for training it)
     data_info: Dict[str, Any] = field(default_factory=dict)
+    # the server's per-client stores (core.serverstore; the run sets their budget, spill folder and checkpointing);
+    # an aggregator reaches them with ``ServerAggregator.client_store(name)``
+    stores: ServerStores = field(default_factory=ServerStores)
 
 
 class ServerAggregator:
@@ -89,6 +93,12 @@ class ServerAggregator:
         """True when every message this strategy sends carries the shared state (``params``), so a client that
         declares its state need not keep the shared part between calls (ClientTrainer.declares_state)."""
         return False
+
+    def client_store(self, name: str) -> ServerClientStore:
+        """The run's server-side per-client store ``name`` (cid -> entry), created on first use: held under
+        ``server.state_memory``, spilled to disk past it, checkpointed and restored by the core (core.serverstore;
+        README, Writing a plugin)."""
+        return self.ctx.stores.store(name)
 
     def setup(self, comm) -> None:
         """Called once before round 1 (e.g. to pre-train a shared generative model)."""

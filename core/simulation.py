@@ -23,6 +23,7 @@ from .backend import ExecutionBackend, SerialBackend, StateOptions, TrainerFacto
 from .checkpoint import (CHECKPOINT_NAME, check_header, check_run_state, checkpoint_exists, open_checkpoint,
                          remove_orphaned_temporaries, save_checkpoint)
 from .clientstate import SPILL_DIR, parse_size
+from .serverstore import BUDGET_KEY as SERVER_BUDGET_KEY, SERVER_SPILL_DIR, ServerStores
 from .client import ClientContext, can_pool
 from .comm import Communicator
 from .config import check_resume_overrides, config_fingerprint, deep_merge, to_plain
@@ -118,7 +119,7 @@ _START_ARTEFACTS = {".lock", "config.json", "partition.json", "metrics.jsonl", "
 # files, never a link or a FIFO planted there (a resume or a reusing start would write through it)
 RUN_FILES = (".lock", "config.json", "partition.json", "metrics.jsonl", "summary.json", "run.log", "run_info.json",
              "resumes.jsonl", CHECKPOINT_NAME)
-RUN_DIRS = ("tb", SPILL_DIR)
+RUN_DIRS = ("tb", SPILL_DIR, SERVER_SPILL_DIR)
 _MAX_CONFIG_BYTES = 16 << 20
 
 
@@ -141,7 +142,8 @@ def is_dead_start(path: Path) -> bool:
     ``check_own_entries``)."""
     if not path.is_dir() or path.is_symlink() or os.path.lexists(path / CHECKPOINT_NAME) or _readable_config(path):
         return False
-    return all(p.name in _START_ARTEFACTS or p.name == SPILL_DIR or p.name.endswith(".tmp") for p in path.iterdir())
+    return all(p.name in _START_ARTEFACTS or p.name in (SPILL_DIR, SERVER_SPILL_DIR) or p.name.endswith(".tmp")
+               for p in path.iterdir())
 
 
 def prepare_run_dir(path: Path, exist_ok: bool = False) -> Path:
@@ -339,12 +341,21 @@ class Simulation:
         shared_fn = getattr(self.trainer_cls, "shared_keys", None)
         if callable(shared_fn):
             shared_keys = shared_fn(self.build_model(), trainer_hp)
+        # the server's per-client stores (core.serverstore): one budget, spilled under the run directory (each rank
+        # of a distributed run replicates the server, so each spills to its own folder); stale spill files of an
+        # earlier process go (the checkpoint holds the entries)
+        rank = getattr(self.backend, "rank", None)
+        server_spill = self.run_dir / SERVER_SPILL_DIR
+        self.server_stores = ServerStores(
+            parse_size(cfg.get("server", {}).get("state_memory"), SERVER_BUDGET_KEY),
+            server_spill / f"rank{rank}" if isinstance(rank, int) else server_spill)
+        self.server_stores.clear()
         self.server_ctx = ServerContext(
             hp=EasyDict({k: v for k, v in cfg.aggregator.items() if k != "name"}), cfg=cfg, task=self.task,
             num_clients=len(self.client_ids), build_model=self.build_model, shared_keys=shared_keys,
             device=self.device, seed=cfg.seed, logger=self.logger, rng=np.random.default_rng(cfg.seed),
             data_info={"dataset": cfg.dataset.name, "input_shape": tuple(self.data.bundle.input_shape),
-                       "meta": self.data.bundle.meta})
+                       "meta": self.data.bundle.meta}, stores=self.server_stores)
         self.server = self.aggregator_cls(self.server_ctx)
         # distributed.exact false: the aggregator's declared mean fields are all-reduced (a backend that cannot
         # ignores them); .get: a run saved before the key existed resumes exact
@@ -440,7 +451,9 @@ class Simulation:
             f.write(json.dumps(entry) + "\n")
 
     def _state(self) -> Dict[str, Any]:
+        stores = self.server_stores.checkpoint_view()  # streamed one entry at a time, like the clients
         return {
+            **({"server_stores": stores} if stores else {}),
             "round": self.completed_round,
             "setup_done": self.setup_done,
             "setup_calls": self.setup_calls,
@@ -467,6 +480,8 @@ class Simulation:
         if set(state["clients"]) != set(self.client_ids):
             raise CheckpointError(f"checkpoint {self.run_dir / 'checkpoint.pt'} does not fit this run: its clients "
                                   f"do not match the run's partition")
+        # the server's per-client stores first: an aggregator's load_state_dict may consult them
+        self.server_stores.load(state.get("server_stores") or {}, self.run_dir / CHECKPOINT_NAME)
         self.server.load_state_dict(state["server"])
         holds = getattr(self.backend, "holds", None)  # a distributed rank reads only its own clients' states
         for cid in state["clients"]:
