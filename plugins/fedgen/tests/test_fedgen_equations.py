@@ -51,7 +51,7 @@ def test_client_regulariser_terms_and_gradients():
     target = F.softmax(head(z_real), dim=1).detach()
     latent = 3.0 * (target * (target.log() - F.log_softmax(logits_real, dim=1))).sum(dim=1).mean()
     assert float(terms["latent"].detach()) == pytest.approx(float(latent.detach()), rel=1e-5)
-    assert float(terms["teacher"].detach()) == pytest.approx(float(0.5 * 2.0 * F.cross_entropy(head(z_hat), y_hat)), rel=1e-6)
+    assert float(terms["teacher"].detach()) == pytest.approx(float(0.5 * 2.0 * F.cross_entropy(head(z_hat), y_hat).detach()), rel=1e-6)
     # the latent term moves the prediction on real data only; the teacher term reaches the head
     head.zero_grad()
     terms["latent"].backward(retain_graph=True)
