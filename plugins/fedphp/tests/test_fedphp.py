@@ -4,8 +4,10 @@ import os
 
 import pytest
 import torch
+from torch import nn
 
-from pflkit.core import Simulation
+from pflkit.core import MODELS, Simulation
+from pflkit.core import registry as reg
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, metrics_records as records,
                                  run_capturing_replies, tiny_config, tiny_run, tiny_simulation)
@@ -73,13 +75,25 @@ def test_resume_reaches_the_same_numbers(tmp_path):
     assert_resume_matches_full_run("fedphp", OVER, tmp_path, sets=("trainer.transfer=mmd",))
 
 
+@pytest.fixture
+def plain_model():
+    """An in-process model without a features/head split."""
+    reg.MODELS.names()  # loads the entry points first, so the snapshot holds them
+    before = dict(reg.MODELS._entries)
+    MODELS.register("plain_seq")(lambda input_shape, num_classes: nn.Sequential(nn.Flatten(),
+                                                                                nn.Linear(64, num_classes)))
+    yield
+    reg.MODELS._entries = before
+
+
 @pytest.mark.parametrize("sets, message", [
     (("trainer.lam=1.5",), "trainer.lam: 1.5 is invalid"),
     (("trainer.mu_max=-0.1",), "trainer.mu_max: -0.1 is invalid"),
     (("trainer.temperature=0",), "trainer.temperature: 0.0 is invalid: must be > 0"),
     (("trainer.transfer=l2",), "trainer.transfer"),
+    (("trainer.transfer=mmd", "model.name=plain_seq"), "has no 'features'/'head'"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, sets, message):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, plain_model, sets, message):
     assert_run_refused("fedphp", sets, message, tmp_path)
 
 
