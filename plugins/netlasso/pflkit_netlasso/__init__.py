@@ -95,14 +95,14 @@ class NetLassoAggregator(ServerAggregator):
     description = ("Network Lasso server: per edge the closed-form z-update (group soft-threshold lambda w / rho) "
                    "and the u-update; sends each client the mean of its centres z_ik - u_ik and rho * degree")
     params = {
-        "lam": Param(0.02, "lambda of Eq. 1: weight of sum_{(j,k)} w_jk ||x_j - x_k||_2 (0: the clients are "
+        "lam": Param(0.04, "lambda of Eq. 1: weight of sum_{(j,k)} w_jk ||x_j - x_k||_2 (0: the clients are "
                            "decoupled, see the README). Neither the paper (tuned per task) nor PCFL gives one for "
-                           "neural models; 0.02 with rho 0.01 fuses the cnn4 models of two clients when "
+                           "neural models; 0.04 with rho 0.02 fuses the cnn4 models of two clients when "
                            "||x_j + u_jk - x_k - u_kj|| <= 2 lambda / rho = 4 (README: how it was chosen)",
                      check=non_negative),
-        "rho": Param(0.01, "rho: the ADMM penalty, the x-update's proximal weight per edge (rho * degree in all) "
-                           "and the z-update's threshold lambda w / rho; not given by the paper or PCFL (0.01: a "
-                           "FedProx-sized pull of 0.19 on the complete graph of 20 clients)", check=positive),
+        "rho": Param(0.02, "rho: the ADMM penalty, the x-update's proximal weight per edge (rho * degree in all) "
+                           "and the z-update's threshold lambda w / rho; not given by the paper or PCFL (0.02: a "
+                           "FedProx-sized pull of 0.38 on the complete graph of 20 clients)", check=positive),
         "graph": Param("complete", "the client graph: complete = every pair, unit weights (default: the server "
                                    "knows nothing of the clients); knn = each client linked to its graph_k nearest "
                                    "clients by the distance of their models after round 1 (union, unit weights; "
@@ -217,7 +217,7 @@ ALGORITHM = Algorithm(
     description="Network Lasso: personal models coupled over a client graph by lambda sum w_jk ||x_j - x_k||_2, "
                 "solved by ADMM (client x-update by local SGD with a proximal term; per-edge closed-form z-update "
                 "and dual update on the server) (Hallac, Leskovec, Boyd, KDD 2015). Defaults: complete graph, unit "
-                "weights, lambda 0.02, rho 0.01; model and local training as pflkit's FedAvg (cnn4, SGD lr 0.05, "
+                "weights, lambda 0.04, rho 0.02; model and local training as pflkit's FedAvg (cnn4, SGD lr 0.05, "
                 "batch 32, 1 local epoch). Evaluates each client's x_i.",
     paper="Hallac, Leskovec, Boyd: Network Lasso: Clustering and Optimization in Large Graphs, KDD 2015",
     defaults={"model": {"name": "cnn4"}, "train": {"lr": 0.05, "batch_size": 32, "local_epochs": 1}},
