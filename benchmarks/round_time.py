@@ -8,6 +8,7 @@ logging) with evaluation switched off. Prints per-round medians and the ratio fr
     python benchmarks/round_time.py                    # CIFAR-shaped synthetic data, 4-layer CNN
     python benchmarks/round_time.py --dataset digits   # the embedded dataset (tiny rounds: worst case)
     python benchmarks/round_time.py --dataset digits --rounds 7   # as in the README: "median of 7"
+    python benchmarks/round_time.py --dataset fmnist --root DIR   # real Fashion-MNIST (fl data install fmnist)
 
 ``--rounds N`` sets the timed rounds per side (default 5); the medians printed say "median of N".
 """
@@ -57,7 +58,8 @@ def bare_round(sim: Simulation, global_state, rnd: int, phase: int = 1):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="synthetic_cifar", choices=["synthetic_cifar", "digits"])
+    ap.add_argument("--dataset", default="synthetic_cifar", choices=["synthetic_cifar", "digits", "fmnist"])
+    ap.add_argument("--root", default=None, help="dataset.root of a real dataset (default: $PFLKIT_DATA or ./data)")
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per side")
     ap.add_argument("--epochs", type=int, default=1)
@@ -66,7 +68,7 @@ def main() -> None:
     if args.dataset == "synthetic_cifar":
         DATASETS.register("synthetic_cifar", synthetic_cifar, replace=True)
     cfg = resolve([{
-        "dataset": {"name": args.dataset}, "partition": {"name": "iid", "num_clients": args.clients},
+        "dataset": {"name": args.dataset, **({"root": args.root} if args.root else {})}, "partition": {"name": "iid", "num_clients": args.clients},
         "model": {"name": "cnn4"}, "rounds": 10 ** 6, "eval": {"every": 10 ** 6}, "device": args.device,
         "checkpoint": {"every": 0}, "train": {"batch_size": 32, "local_epochs": args.epochs, "lr": 0.01},
     }], algorithm="fedavg")
