@@ -56,6 +56,9 @@ def test_generator_travels_from_round_two_and_clients_upload_label_counts(tmp_pa
             assert torch.equal(reply["label_counts"], want), (rnd, cid)
             assert ("metrics" in reply) == (rnd > 1)
     assert sim.server.generator_rounds == 3
+    # the label counts pass the privacy guard as ordinary numbers: no reply was refused
+    assert all(r["clients_replied"] == r["clients_selected"] and r["client_failures"] == 0
+               for r in records(tmp_path / "r"))
     fedavg_down = records(tmp_path / "r")[0]["bytes_down"]
     assert records(tmp_path / "r")[1]["bytes_down"] > fedavg_down  # the generator's bytes are counted
 

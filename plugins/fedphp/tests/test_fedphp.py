@@ -101,3 +101,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, plain_model, sets, message):
 @pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
 def test_two_workers_give_the_serial_numbers(tmp_path):
     assert_workers_match_serial("fedphp", OVER, tmp_path)
+
+
+def test_spilled_hpms_give_the_same_numbers(tmp_path):
+    _, kept = run(tmp_path, "kept")
+    _, spilled = run(tmp_path, "spilled", sets=("clients.state_memory=1",))  # every HPM goes to disk
+    assert any((tmp_path / "spilled" / "client_state").iterdir())
+    assert records(tmp_path / "spilled") == records(tmp_path / "kept") and spilled["final"] == kept["final"]
