@@ -34,8 +34,8 @@ from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Message, Param,
 from pflkit.core.params import non_negative
 from pflkit.core.state import load_into, proximal_term
 
-from .equations import (add_to_cloud, cloud_model, cosine, cosine_attention, exp_attention, prox_coefficient,
-                        self_weight, squared_distance, start_cloud)
+from .equations import (add_to_cloud, cloud_model, cosine_attention, cosine_from, dot, exp_attention,
+                        prox_coefficient, self_weight, squared_distance, start_cloud)
 
 __all__ = ["FedAMPTrainer", "FedAMPAggregator", "ALGORITHM", "exp_attention", "cosine_attention", "self_weight",
            "cloud_model", "prox_coefficient"]
@@ -140,24 +140,29 @@ class FedAMPAggregator(ServerAggregator):
         self.param_keys = [k for k, _ in model.named_parameters()]  # the similarity is measured on these
         self.models = self.client_store(STORE)
 
-    def _flat(self, state) -> torch.Tensor:
-        return torch.cat([state[k].detach().reshape(-1).double().cpu() for k in self.param_keys])
+    def _tensors(self, state) -> List[torch.Tensor]:
+        return [state[k].detach() for k in self.param_keys]
 
     def attention(self, selected: Sequence[int], peers: Sequence[int]) -> Dict[int, Dict[int, float]]:
-        """xi_ij of every selected client i over its peers j != i (one read of each peer's stored model)."""
+        """xi_ij of every selected client i over its peers j != i. Each peer's stored model is read once and
+        compared tensor by tensor, so no flattened copy of any model is held (memory: the models themselves)."""
         hp = self.ctx.hp
-        own = {i: self._flat(self.models.get(i, self.initial)) for i in selected}
+        exp = hp.attention == "exp"
+        own = {i: self._tensors(self.models.get(i, self.initial)) for i in selected}
+        norms = {i: math.sqrt(dot(own[i], own[i])) for i in selected} if not exp else {}
         sims: Dict[int, Dict[int, float]] = {i: {} for i in selected}
         for j in peers:
-            wj = self._flat(self.models.get(j))
+            wj = self._tensors(self.models.get(j))
+            norm_j = math.sqrt(dot(wj, wj)) if not exp else 0.0
             for i in selected:
                 if i != j:
-                    sims[i][j] = (squared_distance(own[i], wj) if hp.attention == "exp" else cosine(own[i], wj))
+                    sims[i][j] = (squared_distance(own[i], wj) if exp else
+                                  cosine_from(dot(own[i], wj), norms[i], norm_j))
         weights: Dict[int, Dict[int, float]] = {}
         for i in selected:
             js = list(sims[i])
             values = torch.tensor([sims[i][j] for j in js], dtype=torch.float64)
-            if hp.attention == "exp":
+            if exp:
                 xi = exp_attention(values, float(hp.alpha_k), float(hp.sigma))
             else:
                 xi = cosine_attention(values, float(hp.sigma), float(hp.self_weight))

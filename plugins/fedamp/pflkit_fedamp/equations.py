@@ -76,13 +76,21 @@ def prox_coefficient(lam: float, alpha_k: float) -> float:
     return lam / (2.0 * alpha_k)
 
 
-def squared_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b||^2 of two flattened models (float64)."""
-    return float((a.double() - b.double()).square().sum())
+def squared_distance(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    """||a - b||^2 of two models given as matching lists of tensors (float64, tensor by tensor: no flat copy)."""
+    return sum(float((x.double() - y.double()).square().sum()) for x, y in zip(a, b))
 
 
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """cos(a, b) of two flattened models (float64; 0 when either is the zero vector)."""
-    a, b = a.double(), b.double()
-    na, nb = float(a.norm()), float(b.norm())
-    return float(a @ b) / (na * nb) if na > 0 and nb > 0 else 0.0
+def dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    """<a, b> of two models given as matching lists of tensors (float64, tensor by tensor)."""
+    return sum(float(torch.dot(x.reshape(-1).double(), y.reshape(-1).double())) for x, y in zip(a, b))
+
+
+def cosine(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    """cos(a, b) = <a, b> / (||a|| ||b||) (0 when either is the zero vector)."""
+    return cosine_from(dot(a, b), math.sqrt(dot(a, a)), math.sqrt(dot(b, b)))
+
+
+def cosine_from(ab: float, norm_a: float, norm_b: float) -> float:
+    """<a, b> / (||a|| ||b||) from precomputed parts (the server computes each model's norm once per round)."""
+    return ab / (norm_a * norm_b) if norm_a > 0 and norm_b > 0 else 0.0

@@ -13,6 +13,7 @@ from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, a
                                  tiny_run)
 from pflkit_fedamp import (FedAMPTrainer, cloud_model, cosine_attention, exp_attention, prox_coefficient,
                            self_weight)
+from pflkit_fedamp.equations import cosine, dot, squared_distance
 
 OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}}
 
@@ -41,6 +42,9 @@ def test_attention_and_cloud_model_on_hand_made_tensors():
     assert torch.equal(same["w"], own["w"])
     assert prox_coefficient(1.0, 0.25) == 2.0 and prox_coefficient(0.0, 0.0) == 0.0
     assert prox_coefficient(1.0, 0.0) == float("inf")
+    a, b = [torch.tensor([3.0, 0.0]), torch.tensor([1.0])], [torch.tensor([0.0, 4.0]), torch.tensor([0.0])]
+    assert squared_distance(a, b) == 26.0 and dot(a, a) == 10.0 and cosine(a, b) == 0.0
+    assert cosine(a, a) == pytest.approx(1.0) and cosine(a, [torch.zeros(2), torch.zeros(1)]) == 0.0
 
 
 def test_the_proximal_term_has_its_gradient(tmp_path):
@@ -73,7 +77,7 @@ def test_the_server_sends_each_client_its_cloud_model(tmp_path):
     for c, s in ups.items():
         server.models.put(c, s)
     msgs = server.configure_fit(1, [0, 3])
-    flat = {c: server._flat(s) for c, s in {**ups, 3: w0}.items()}
+    flat = {c: torch.cat([s[k].reshape(-1).double() for k in server.param_keys]) for c, s in {**ups, 3: w0}.items()}
     for i in (0, 3):
         js = [j for j in (0, 1, 2) if j != i]
         d = torch.tensor([float((flat[i] - flat[j]).square().sum()) for j in js], dtype=torch.float64)
