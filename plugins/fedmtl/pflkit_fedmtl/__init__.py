@@ -1,9 +1,9 @@
 """Fed-MTL (Smith, Chiang, Sanjabi, Talwalkar: "Federated Multi-Task Learning", NeurIPS 2017), in the primal form
 the deep-learning papers run: every client has a personal network w_i; W = [w_1 .. w_m] is coupled by
-R(W, Omega) = lam tr(W Omega W^T) + lam_fro ||W||_F^2 (the paper's Eq. 2 example), each selected client minimises
-f_i(w_i) + R with the other columns fixed (client.py), and the server learns Omega by the paper's closed form
-Sigma = (W^T W)^{1/2} / tr((W^T W)^{1/2}), Omega = Sigma^{-1} (server.py, equations.py). MOCHA's dual (SDCA)
-solver is not implemented: it needs convex losses.
+R(W, Omega) = lam tr(W Omega W^T) + lam_fro ||W||_F^2 (an example the paper gives for R in its Eq. 1), each
+selected client minimises f_i(w_i) + R with the other columns fixed (client.py), and the server learns Omega by the
+paper's closed form Sigma = (W^T W)^{1/2} / tr((W^T W)^{1/2}), Omega = Sigma^{-1} (server.py, equations.py).
+MOCHA's dual (SDCA) solver is not implemented: it needs convex losses.
 """
 from pflkit.core import Algorithm
 

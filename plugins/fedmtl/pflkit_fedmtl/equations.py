@@ -1,10 +1,10 @@
 """Fed-MTL's objective and its task-relationship matrix as small functions.
 
-Smith, Chiang, Sanjabi, Talwalkar, "Federated Multi-Task Learning", NeurIPS 2017, Eq. (1)-(2): with W = [w_1 .. w_m]
-(one column per client, d x m),
+Smith, Chiang, Sanjabi, Talwalkar, "Federated Multi-Task Learning", NeurIPS 2017, Eq. (1), Sec. 3.1: with
+W = [w_1 .. w_m] (one column per client, d x m),
 
     min_{W, Omega}  sum_t sum_i l_t(w_t; x_t^i, y_t^i) + R(W, Omega),
-    R(W, Omega) = lam tr(W Omega W^T) + lam_fro ||W||_F^2                                  (the paper's example)
+    R(W, Omega) = lam tr(W Omega W^T) + lam_fro ||W||_F^2           (the paper's example of R)
 
 Omega is learned by alternating minimisation: W for fixed Omega, then the closed form of the task-relationship
 formulation the paper takes it from (Zhang & Yeung, 2010), which is what the authors' code runs:
