@@ -42,8 +42,8 @@ class FedMTLTrainer(ClientTrainer):
     description = "trains its own model on its loss plus its part of lam tr(W Omega W^T) + lam_fro ||W||_F^2"
     params = {
         "lam": Param(None, "weight lam of tr(W Omega W^T) (default null: c = 10^-(floor(log10 d) + 2) for a model "
-                           "of d parameters, the weight LG-FedAvg's and FedRep's Fed-MTL code use, as PCFL ran it; "
-                           "the paper tunes it per data set); 0 with lam_fro=0 = Local", type=float,
+                           "of d parameters, the weight LG-FedAvg's and FedRep's Fed-MTL code use, the likely source "
+                           "of PCFL's Fed-MTL; the paper tunes it per data set); 0 with lam_fro=0 = Local", type=float,
                      check=non_negative),
         "lam_fro": Param(None, "weight lam_fro of ||W||_F^2 (default null: the same c)", type=float,
                          check=non_negative),
