@@ -12,6 +12,8 @@ framework overhead, not accuracy. Run by hand (several minutes), not by CI:
     OMP_NUM_THREADS=1 python benchmarks/clients_memory.py --legacy   # also one trainer per client (the old
                                                                      # way; cnn4 up to 100, resnet18 10 clients)
     OMP_NUM_THREADS=1 python benchmarks/clients_memory.py --breakdown 1000   # what client data costs, by part
+    OMP_NUM_THREADS=1 python benchmarks/clients_memory.py --server-store     # 1,000 FedAMP clients: the server
+                                                                     # store with and without server.state_memory
 
 Columns: clients trained per round, peak RSS, its ratio to the same algorithm and model with 10 clients,
 median seconds per round after the first, the bytes of declared state per client, the bytes actually kept for
@@ -80,6 +82,8 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
     }
     if spec.get("budget"):
         over["clients"] = {"state_memory": spec["budget"]}
+    if spec.get("server_budget"):
+        over["server"] = {"state_memory": spec["server_budget"]}
     cfg = resolve([over], algorithm=spec["algorithm"])
 
     backend = None
@@ -106,6 +110,10 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
             "kept_memory": pool.store.memory_bytes if pool is not None else None,
             "kept_disk": pool.store.spilled * state_nbytes(pool.initial) if pool is not None else None,
             "checkpoint_bytes": result["checkpoint_bytes"],
+            # the server's per-client stores (core.serverstore): tensor bytes in memory, spill files on disk
+            "server_memory": sim.server_stores.memory_bytes,
+            "server_entries": sum(len(sim.server_stores.store(n)) for n in sim.server_stores.names()),
+            "server_disk": sum(p.stat().st_size for p in (run_dir / "server_state").rglob("*.pt")),
             "final": result["final"]["uniform"],
             "numbers_sha": hashlib.sha256(json.dumps(numbers, sort_keys=True).encode()).hexdigest(),
         }
@@ -159,6 +167,30 @@ def settings(quick: bool, legacy: bool, rounds: int) -> List[Dict[str, Any]]:
     return out
 
 
+def server_store_settings(rounds: int) -> List[Dict[str, Any]]:
+    """1,000 FedAMP clients, 100 trained per round: the server keeps every uploader's latest cnn4 model (3.35 MiB
+    each), without a limit, with ``server.state_memory=256MiB``, and with that and ``clients.state_memory=256MiB``
+    (the clients' personal models are the other copy of every model)."""
+    amp = {"model": "cnn4", "algorithm": "fedamp", "clients": 1000, "rounds": rounds, "train": 100}
+    return [amp, {**amp, "server_budget": "256MiB"}, {**amp, "server_budget": "256MiB", "budget": "256MiB"}]
+
+
+def server_table(rows: List[Dict[str, Any]]) -> str:
+    ref = {r["numbers_sha"] for r in rows if not r.get("server_budget") and not r.get("budget")}
+    head = ["model", "algorithm", "clients", "trained/round", "server.state_memory", "clients.state_memory",
+            "peak RSS", "s/round",
+            "server entries", "server kept (memory / disk)", "checkpoint", "numbers"]
+    body = [[r["model"], r["algorithm"], str(r["clients"]), str(r.get("train", 10)), r.get("server_budget") or "none",
+             r.get("budget") or "none", fmt_bytes(r["peak_rss"]), f"{r['round_seconds']:.2f}", str(r["server_entries"]),
+             f"{fmt_bytes(r['server_memory'])} / {fmt_bytes(r['server_disk'])}", fmt_bytes(r["checkpoint_bytes"]),
+             "-" if not (r.get("server_budget") or r.get("budget")) else
+             ("same" if r["numbers_sha"] in ref else "DIFFERENT")]
+            for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(b) for b in body])
+
+
 def fmt_bytes(b) -> str:
     if b is None:
         return "-"
@@ -200,6 +232,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, help="also write the rows to this file")
     ap.add_argument("--breakdown", type=int, metavar="N", help="only print what N clients' data cost, by part")
+    ap.add_argument("--server-store", action="store_true", help="only the server-store rows: 1,000 FedAMP clients "
+                                                                    "with and without server.state_memory")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -210,7 +244,9 @@ def main() -> None:
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     rows = []
-    for spec in settings(args.quick, args.legacy, args.rounds):
+    specs = server_store_settings(args.rounds) if args.server_store else settings(args.quick, args.legacy,
+                                                                                   args.rounds)
+    for spec in specs:
         t = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                               capture_output=True, text=True)
@@ -220,7 +256,7 @@ def main() -> None:
         print(f"  {spec} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     print(f"torch threads per process: 1; {TRAIN} train / {TEST} test samples per client, one local step; all "
           f"clients evaluated every round; {args.rounds} rounds (the all-train rows: 2)")
-    print(table(rows))
+    print(server_table(rows) if args.server_store else table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
