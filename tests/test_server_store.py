@@ -104,9 +104,23 @@ def test_resume_is_bit_identical(store_algorithm, tmp_path, budget):
     resumed_sim = Simulation.resume(tmp_path / "part", {"server": {"state_memory": "1MiB" if budget == 0 else 0}},
                                     tensorboard=False)
     assert resumed_sim.server.latest.ids() == part.server.latest.ids()
+    if budget is None:  # resumed under a zero budget: every entry went from the checkpoint straight to disk
+        assert resumed_sim.server_stores.memory_bytes == 0
+        assert resumed_sim.server_stores.spilled == len(resumed_sim.server.latest) > 0
     resumed = resumed_sim.run()
     assert resumed["final"] == full["final"]
     assert metrics_records(tmp_path / "part") == metrics_records(tmp_path / "full")
+
+
+@pytest.mark.parametrize("saved, fragment", [
+    ({"../x": {}}, "server store name"),
+    ({"m": {"0": {"w": torch.ones(1)}}}, "has client id '0'"),
+    ({"m": {-1: {"w": torch.ones(1)}}}, "has client id '-1'"),
+    ([1, 2], "not a mapping"),
+])
+def test_a_crafted_checkpoint_store_is_refused(tmp_path, saved, fragment):
+    with pytest.raises(CheckpointError, match=fragment):
+        ServerStores().load(saved, tmp_path / "checkpoint.pt")
 
 
 def test_checkpoint_without_server_stores_still_loads(tmp_path):
