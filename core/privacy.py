@@ -36,6 +36,8 @@ import torch
 from .protocol import PLAIN_NAME, BitMask, safe_name
 
 MIN_ROW_VALUES = 4
+# at most this many distinct row values per client are kept for the may-hold-a-row shortcut (8 KiB a client)
+MAX_VALUE_SET = 1024
 METRIC_NAME = PLAIN_NAME
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _EXACT_LEAVES = frozenset(_PLAIN_LEAVES)
@@ -199,6 +201,22 @@ class _ClientRows:
         self.filter = _Filter(self.known)
         self.labels = [y.detach().reshape(-1).to("cpu", torch.float64) + 0.0 for y in ys
                        if y.numel() >= MIN_ROW_VALUES and bool((y.reshape(-1) != y.reshape(-1)[0]).any())]
+        # the distinct values of the checked rows, when they are few (uint8 images: at most 256): a tensor holding
+        # fewer than row_len of them cannot hold a row in any layout, so its scans are skipped (trained weights
+        # are rarely exact pixel values); None when the rows have many distinct values (no shortcut then)
+        self.values: Optional[torch.Tensor] = None
+        if self.check_rows and self.index:
+            distinct = torch.unique(torch.cat([torch.unique(_widen(source)) for source in self.sources]))
+            if len(distinct) <= MAX_VALUE_SET:
+                self.values = distinct
+
+    def may_hold_a_row(self, t: torch.Tensor) -> bool:
+        """False only when ``t`` holds fewer values from the client's rows than a row has (a sound shortcut)."""
+        if self.values is None:
+            return True
+        flat = _widen(t.reshape(-1))
+        at = torch.searchsorted(self.values, flat).clamp_(max=len(self.values) - 1)
+        return int((self.values.index_select(0, at) == flat).sum()) >= self.row_len
 
 
 def _widen(t: torch.Tensor) -> torch.Tensor:
@@ -322,8 +340,11 @@ class PrivacyGuard:
         if t.numel() == 0:
             return None
         t = torch.view_as_real(t.detach()) if t.is_complex() else t.detach()  # real parts along dim -2
-        reason = self._values_leak(client, t.reshape(-1))
-        if reason or not client.check_rows:
+        flat = t.reshape(-1)
+        if not client.check_rows or not client.may_hold_a_row(t):
+            return self._labels_leak(client, flat)
+        reason = self._labels_leak(client, flat) or self._rows_leak(client, flat)
+        if reason:
             return reason
         for dim in range(t.dim() - 1):  # rows running along another dimension (columns of a matrix, ...)
             if t.shape[dim] >= client.row_len:
@@ -332,12 +353,19 @@ class PrivacyGuard:
                     return reason
         return None
 
-    def _values_leak(self, client: _ClientRows, flat: torch.Tensor) -> Optional[str]:
-        """``flat``: a 1-D tensor of any real dtype, read in order."""
+    @staticmethod
+    def _labels_leak(client: _ClientRows, flat: torch.Tensor) -> Optional[str]:
         for labels in client.labels:
             if flat.numel() == labels.numel() and torch.equal(_widen(flat), labels):
                 return "a label vector of the client's raw data"
-        return self._rows_leak(client, flat) if client.check_rows else None
+        return None
+
+    def _values_leak(self, client: _ClientRows, flat: torch.Tensor) -> Optional[str]:
+        """``flat``: a 1-D tensor of any real dtype, read in order."""
+        reason = self._labels_leak(client, flat)
+        if reason or not client.check_rows or not client.may_hold_a_row(flat):
+            return reason
+        return self._rows_leak(client, flat)
 
     def _rows_leak(self, client: _ClientRows, source: torch.Tensor) -> Optional[str]:
         n, known = client.row_len, client.known

@@ -274,3 +274,25 @@ def test_channel_of_a_finished_run_says_so(tmp_path):
     gc.collect()
     with pytest.raises(RuntimeError, match="ended"):
         channel.send({})
+
+
+def test_the_may_hold_a_row_shortcut_is_sound():
+    """A tensor with fewer values from the client's rows than a row has is not scanned; one with enough is, in
+    any layout, and a row among them is still found."""
+    from pflkit.core.privacy import PrivacyGuard, _ClientRows, _RollingHash
+
+    x = torch.tensor([[0., 1., 2., 3., 4., 5.], [5., 4., 3., 2., 1., 0.]], dtype=torch.float32)
+    rows = _ClientRows([x], [], _RollingHash())
+    assert rows.values is not None and rows.values.tolist() == [0., 1., 2., 3., 4., 5.]
+    trained = torch.randn(1000) * 0.1  # weights are not exact pixel values
+    assert not rows.may_hold_a_row(trained)
+    trained[:5] = torch.tensor([0., 1., 2., 3., 4.])  # five of them: fewer than a row (6)
+    assert not rows.may_hold_a_row(trained)
+    trained[100] = 5.0
+    assert rows.may_hold_a_row(trained)  # enough values: scanned (they do not form a row, nothing is refused)
+    guard = PrivacyGuard()
+    guard.register(0, [x], [])
+    assert guard.violation(0, {"w": trained}) is None
+    column = torch.randn(6, 3)
+    column[:, 1] = x[1]  # a row as a column, among values that are not the data's
+    assert "input row" in guard.violation(0, {"w": column})
