@@ -115,6 +115,9 @@ CORE_SCHEMA: Dict[str, Any] = {
         "test_ratio": Param(0.25, "per-client test fraction (stratified by label)", check=open_unit_interval),
         "train_size": Param(None, "fixed train samples per client (with test_size; overrides test_ratio)", type=int),
         "test_size": Param(None, "fixed test samples per client (with train_size)", type=int),
+        "fraction": Param(1.0, "keep this stratified fraction of each client's samples before the train/test split "
+                               "(smaller, faster experiments with the partition's skew and client sizes kept)",
+                          check=open_unit_interval, type=float),
     },
 }
 
@@ -393,6 +396,9 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
     for key in ("train_size", "test_size"):
         if split[key] is not None and split[key] <= 0:
             raise ConfigError(f"split.{key}: must be > 0")
+    if split["train_size"] is not None and split["fraction"] != 1.0:
+        raise ConfigError("split.fraction and split.train_size/test_size exclude each other: fixed sizes already "
+                          "choose how many samples a client keeps")
     comp = compose.composition(cfg)  # wrappers resolved: the classes the run will build
     adaptation.check_trainer(comp.trainer, adaptation.settings_from_config(cfg), cfg["trainer"]["name"])
     tp, ap = getattr(comp.trainer, "protocol", None), getattr(comp.aggregator, "protocol", None)
@@ -418,7 +424,8 @@ NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed":
                                     "eval.adapt": "never", "eval.adapt_steps": None, "eval.adapt_epochs": None,
                                     "eval.adapt_lr": None, "eval.adapt_params": "all",
                                     "failures.client_timeout": None, "aggregator.weighting": "samples",
-                                    "model.projection_dim": 0, "server.state_memory": None}
+                                    "model.projection_dim": 0, "server.state_memory": None,
+                                    "split.fraction": 1.0}
 
 
 def without_neutral_defaults(plain: Dict[str, Any]) -> Dict[str, Any]:

@@ -226,12 +226,15 @@ def _index_array(values: Any) -> np.ndarray:
 
 def split_train_test(indices: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
                      test_ratio: float = 0.25, train_size: Optional[int] = None,
-                     test_size: Optional[int] = None) -> ClientSplit:
+                     test_size: Optional[int] = None, fraction: float = 1.0) -> ClientSplit:
     """Stratified per-client split, so a client's test set follows its training distribution.
 
-    With ``train_size``/``test_size`` the client's samples are first subsampled (stratified) to that total.
+    With ``train_size``/``test_size`` the client's samples are first subsampled (stratified) to that total; with
+    ``fraction`` < 1 to that share of them (at least 2), so client sizes keep their proportions.
     """
     indices = np.asarray(indices, dtype=np.int64)
+    if fraction < 1.0:  # the default draws nothing from ``rng``: runs without it keep their numbers
+        indices = _stratified_take(indices, labels, max(2, int(round(len(indices) * fraction))), rng)
     if train_size is not None:
         total = train_size + test_size
         if len(indices) < total:
@@ -339,7 +342,8 @@ def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
                 raise DataError(f"client {cid} received {len(idx)} samples; it needs at least 2 "
                                 f"(raise the partitioner's min_size or lower partition.num_clients)")
             splits.append(split_train_test(idx, labels, rng, cfg.split.test_ratio,
-                                           cfg.split.train_size, cfg.split.test_size))
+                                           cfg.split.train_size, cfg.split.test_size,
+                                           cfg.split.get("fraction", 1.0)))
         fed = FederatedData(bundle, splits, name)
         fed.check_indices("split", disjoint=True)
         return fed

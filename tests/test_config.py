@@ -38,6 +38,8 @@ def test_component_keys_depend_on_the_chosen_component():
     (["participation.join_ratio=1.5"], "participation.join_ratio"),
     (["participation.random_join_ratio=[0.5,0.2]"], "low <= high"),
     (["split.train_size=10"], "must be given together"),
+    (["split.fraction=0"], "split.fraction"),
+    (["split.fraction=0.5", "split.train_size=10", "split.test_size=5"], "exclude each other"),
     (["train.lr"], "expected key=value"),
 ])
 def test_invalid_values_name_the_key_and_reason(sets, fragment):

@@ -56,3 +56,14 @@ def test_split_fixed_counts():
     assert (len(s.train), len(s.test)) == (500, 100)
     with pytest.raises(DataError, match="fewer than"):
         split_train_test(np.arange(100), LABELS, np.random.default_rng(0), train_size=500, test_size=100)
+
+
+def test_split_fraction_keeps_a_stratified_share_and_default_draws_nothing():
+    idx = np.arange(0, 1000, 2)  # 50 of each label
+    s = split_train_test(idx, LABELS, np.random.default_rng(0), test_ratio=0.2, fraction=0.1)
+    kept = np.concatenate([s.train, s.test])
+    assert len(kept) == 50 and len(s.test) == 10 and set(kept) <= set(idx)
+    assert np.all(np.bincount(LABELS[kept], minlength=10) == 5)  # every label keeps its share
+    full = split_train_test(idx, LABELS, np.random.default_rng(0), test_ratio=0.2)
+    same = split_train_test(idx, LABELS, np.random.default_rng(0), test_ratio=0.2, fraction=1.0)
+    assert np.array_equal(full.train, same.train) and np.array_equal(full.test, same.test)
