@@ -40,12 +40,14 @@ class Communicator:
 
     def __init__(self, backend: ExecutionBackend, client_ids: Sequence[int], seed: int,
                  guard: PrivacyGuard, on_client_error: str = "skip", rollback: bool = True,
-                 mean_fields: Sequence[str] = (), reply_weight: Optional[Callable[[Dict[str, Any]], float]] = None):
+                 mean_fields: Sequence[str] = (), reply_weight: Optional[Callable[[Dict[str, Any]], float]] = None,
+                 reduce_across_ranks: bool = False):
         self.backend = backend
         # a backend that runs clients elsewhere vets each reply where its client's data is (``execute_vetted``), and
         # may average reply fields there too (``mean_fields``: the distributed fast path)
         self._owner_vets = callable(getattr(backend, "execute_vetted", None))
-        self.mean_fields = tuple(mean_fields) if self._owner_vets else ()
+        self.reduce_across_ranks = reduce_across_ranks
+        self.mean_fields = tuple(mean_fields) if self._owner_vets and reduce_across_ranks else ()
         self.reply_weight = reply_weight  # the aggregator's weight of one reply in those means (None: num_samples)
         self.client_ids = list(client_ids)
         self.seed = seed

@@ -357,12 +357,14 @@ class Simulation:
             data_info={"dataset": cfg.dataset.name, "input_shape": tuple(self.data.bundle.input_shape),
                        "meta": self.data.bundle.meta}, stores=self.server_stores)
         self.server = self.aggregator_cls(self.server_ctx)
-        # distributed.exact false: the aggregator's declared mean fields are all-reduced (a backend that cannot
-        # ignores them); .get: a run saved before the key existed resumes exact
+        # the aggregator's declared mean fields are folded as replies arrive (streaming aggregation); with
+        # distributed.exact false each rank folds its own clients and the ranks all-reduce the sums; .get: a run
+        # saved before the key existed resumes exact
         exact = bool(cfg.get("distributed", {}).get("exact", True))
         self.comm = Communicator(self.backend, self.client_ids, cfg.seed, self.guard,
                                  cfg.failures.on_client_error, cfg.failures.rollback,
-                                 mean_fields=() if exact else getattr(self.aggregator_cls, "reduced_fields", tuple)(),
+                                 mean_fields=getattr(self.aggregator_cls, "reduced_fields", tuple)(),
+                                 reduce_across_ranks=not exact,
                                  reply_weight=getattr(self.server, "reply_weight", None))
         self.channel = self.comm.channel()  # all the server strategy gets: it can send, nothing more
         self.history = History(self.task.metric_name, self.task.higher_is_better)
