@@ -1,49 +1,19 @@
 """``fl run``: start a run from an algorithm plugin, or resume an interrupted one."""
 from __future__ import annotations
 
-import math
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import click
 
 from ..config import RESUME_SAFE_KEYS, load_file, parse_sets, resolve
 from ..errors import ConfigError
+from ..reporting import format_summary, report_result  # noqa: F401  (format_summary: imported from here too)
 from .common import friendly_errors
 
 INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C
-
-
-def format_summary(result: Dict[str, Any]) -> str:
-    m = result["metric"]
-    fin, best = result["final"], result["best"]
-    last = result.get("last", {})
-    pct = (lambda v: f"{100 * v:.2f}%") if m == "accuracy" else (lambda v: f"{v:.5f}")
-    fmt = lambda v: "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else pct(v)
-    rows = [
-        ("algorithm", f"{result['algorithm']} (trainer {result['trainer']}, aggregator {result['aggregator']}"
-                      + "".join(f"; {key} = {name}" for key, name in (result.get("base") or {}).items()) + ")"),
-        ("dataset / clients", f"{result['dataset']} / {result['num_clients']}"),
-        ("rounds completed", f"{result['rounds_completed']} of {result['rounds']}"),
-        (f"final {m}, uniform (mean of last {fin['k']} evals)", fmt(fin["uniform"])),
-        (f"final {m}, sample-weighted", fmt(fin["weighted"])),
-        (f"final {m}, std across clients", fmt(fin["std"])),
-        (f"best {m}, uniform (round {best['round']})", fmt(best["uniform"])),
-        *([(f"best {m}, sample-weighted (round {result['best_weighted']['round']})",
-            fmt(result["best_weighted"]["weighted"]))] if "best_weighted" in result else []),
-        (f"last round {m}, min / max client",
-         f"{fmt(last.get(f'{m}/min'))} / {fmt(last.get(f'{m}/max'))}"),
-        ("communication up / down", f"{result['bytes_up_total'] / 2**20:.1f} MiB / "
-                                    f"{result['bytes_down_total'] / 2**20:.1f} MiB"),
-        ("client failures", str(result["client_failures"])),
-        ("checkpoint", "none written" if result.get("checkpoint_bytes") is None
-         else f"{result['checkpoint_bytes'] / 2**20:.2f} MiB"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    line = "-" * (width + 40)
-    return "\n".join([line] + [f"{k.ljust(width)}  {v}" for k, v in rows] + [line])
 
 
 @click.command("run")
@@ -121,18 +91,6 @@ def stopped_message(run_dir: Path) -> str:
     if checkpoint_exists(run_dir):
         return f"stopped; continue from the last checkpoint with:\n  fl run --resume {run_dir}"
     return "stopped before the first checkpoint; nothing to resume"
-
-
-def report_result(result: Dict[str, Any], run_dir: Path) -> bool:
-    """Print a finished (or interrupted) run's summary and where its files are; True when it was interrupted."""
-    click.echo(format_summary(result))
-    click.echo(f"metrics: {run_dir / 'metrics.jsonl'}\n"
-               f"watch in TensorBoard: tensorboard --logdir {run_dir / 'tb'}")
-    if result.get("interrupted"):
-        click.echo(f"interrupted after round {result['rounds_completed']}; continue with:\n"
-                   f"  fl run --resume {run_dir}")
-        return True
-    return False
 
 
 def _torchrun_endpoint():

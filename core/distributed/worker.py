@@ -360,7 +360,7 @@ def _run(req: RunRequest, ep: Endpoint, backend: DistributedBackend) -> int:
     result = sim.run()
     if ep.rank != 0:
         return INTERRUPTED if result.get("interrupted") else 0
-    from ..cli.run import report_result
+    from ..reporting import report_result
 
     return INTERRUPTED if report_result(result, sim.run_dir) else 0
 

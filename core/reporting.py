@@ -1,0 +1,54 @@
+"""What a finished (or paused) run prints: its summary table and where its files are.
+
+Below both the ``fl`` command (``core/cli``) and the processes of a distributed run (``core/distributed``), which
+print the same report, so neither imports the other.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict
+
+import click
+
+
+def format_summary(result: Dict[str, Any]) -> str:
+    m = result["metric"]
+    fin, best = result["final"], result["best"]
+    last = result.get("last", {})
+    pct = (lambda v: f"{100 * v:.2f}%") if m == "accuracy" else (lambda v: f"{v:.5f}")
+    fmt = lambda v: "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else pct(v)
+    rows = [
+        ("algorithm", f"{result['algorithm']} (trainer {result['trainer']}, aggregator {result['aggregator']}"
+                      + "".join(f"; {key} = {name}" for key, name in (result.get("base") or {}).items()) + ")"),
+        ("dataset / clients", f"{result['dataset']} / {result['num_clients']}"),
+        ("rounds completed", f"{result['rounds_completed']} of {result['rounds']}"),
+        (f"final {m}, uniform (mean of last {fin['k']} evals)", fmt(fin["uniform"])),
+        (f"final {m}, sample-weighted", fmt(fin["weighted"])),
+        (f"final {m}, std across clients", fmt(fin["std"])),
+        (f"best {m}, uniform (round {best['round']})", fmt(best["uniform"])),
+        *([(f"best {m}, sample-weighted (round {result['best_weighted']['round']})",
+            fmt(result["best_weighted"]["weighted"]))] if "best_weighted" in result else []),
+        (f"last round {m}, min / max client",
+         f"{fmt(last.get(f'{m}/min'))} / {fmt(last.get(f'{m}/max'))}"),
+        ("communication up / down", f"{result['bytes_up_total'] / 2**20:.1f} MiB / "
+                                    f"{result['bytes_down_total'] / 2**20:.1f} MiB"),
+        ("client failures", str(result["client_failures"])),
+        ("checkpoint", "none written" if result.get("checkpoint_bytes") is None
+         else f"{result['checkpoint_bytes'] / 2**20:.2f} MiB"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 40)
+    return "\n".join([line] + [f"{k.ljust(width)}  {v}" for k, v in rows] + [line])
+
+
+def report_result(result: Dict[str, Any], run_dir: Path) -> bool:
+    """Print a finished (or interrupted) run's summary and where its files are; True when it was interrupted."""
+    click.echo(format_summary(result))
+    click.echo(f"metrics: {run_dir / 'metrics.jsonl'}\n"
+               f"watch in TensorBoard: tensorboard --logdir {run_dir / 'tb'}")
+    if result.get("interrupted"):
+        click.echo(f"interrupted after round {result['rounds_completed']}; continue with:\n"
+                   f"  fl run --resume {run_dir}")
+        return True
+    return False
