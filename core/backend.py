@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
@@ -99,6 +99,18 @@ class ExecutionBackend(ABC):
     def execute(self, calls: Dict[int, Call], snapshot: bool = False) -> Dict[int, CallResult]:
         """Run each client's call; with ``snapshot`` keep its prior state so ``rollback`` can restore it."""
 
+    def execute_each(self, calls: Dict[int, Call], snapshot: bool = False) -> Iterator[CallResult]:
+        """The results of ``execute``, one at a time in client-id order, each as soon as it exists (streaming
+        aggregation folds a reply and drops it before the next client runs). A backend that can only run a
+        batch yields ``execute``'s results."""
+        results = self.execute(calls, snapshot)
+        for cid in sorted(results):
+            yield results.pop(cid)
+
+    def keep(self, cid: int) -> None:
+        """``cid``'s reply was accepted: the snapshot taken for its rollback may go (so a round never holds one
+        per client)."""
+
     @abstractmethod
     def rollback(self, cid: int) -> None:
         """Restore the state saved by the last snapshotting ``execute`` for ``cid``."""
@@ -175,54 +187,63 @@ class SerialBackend(ExecutionBackend):
         return self.pool is not None
 
     def execute(self, calls: Dict[int, Call], snapshot: bool = False) -> Dict[int, CallResult]:
-        results: Dict[int, CallResult] = {}
+        return {res.cid: res for res in self.execute_each(calls, snapshot)}
+
+    def execute_each(self, calls: Dict[int, Call], snapshot: bool = False) -> Iterator[CallResult]:
         self._snapshots = {}
         if self.pool is not None:  # the store keeps each replaced state (under its budget) for a rollback
             self.pool.store.track_previous(snapshot)
         for cid in sorted(calls):
-            call = calls[cid]
-            if self.pool is not None:
-                try:  # a trainer whose load_client_state() raises is a failed client (failures.*)
-                    trainer = self.pool.bind(cid)
-                except (PflError, KeyboardInterrupt):
-                    raise  # a spill file that cannot be trusted ends the run with one line
-                except Exception as exc:
-                    results[cid] = CallResult(cid, error=f"swapping its state in: {type(exc).__name__}: {exc}",
-                                              detail=traceback.format_exc())
-                    continue
-            else:
-                trainer = self.trainers[cid]
-                if snapshot:
-                    self._snapshots[cid] = clone_nested(trainer.state_dict())
-            seed_everything(call.seed)
-            trainer.ctx.round = call.round
-            trainer.ctx.generator.manual_seed(call.seed)
-            start = time.perf_counter()
-            try:
-                with deadline(self.client_timeout, lambda: self._hung_message(cid, call.round)):
-                    reply = trainer.handle(call.message)
-                results[cid] = CallResult(cid, reply=reply, seconds=time.perf_counter() - start)
-            except KeyboardInterrupt:  # Ctrl-C, wherever it is raised, stops the run
+            yield self._run_one(cid, calls[cid], snapshot)
+
+    def _run_one(self, cid: int, call: Call, snapshot: bool) -> CallResult:
+        """One client's call, isolated: whatever its code raises (but Ctrl-C) is a failed result."""
+        if self.pool is not None:
+            try:  # a trainer whose load_client_state() raises is a failed client (failures.*)
+                trainer = self.pool.bind(cid)
+            except (PflError, KeyboardInterrupt):
+                raise  # a spill file that cannot be trusted ends the run with one line
+            except Exception as exc:
+                return CallResult(cid, error=f"swapping its state in: {type(exc).__name__}: {exc}",
+                                  detail=traceback.format_exc())
+        else:
+            trainer = self.trainers[cid]
+            if snapshot:
+                self._snapshots[cid] = clone_nested(trainer.state_dict())
+        seed_everything(call.seed)
+        trainer.ctx.round = call.round
+        trainer.ctx.generator.manual_seed(call.seed)
+        start = time.perf_counter()
+        try:
+            with deadline(self.client_timeout, lambda: self._hung_message(cid, call.round)):
+                reply = trainer.handle(call.message)
+            result = CallResult(cid, reply=reply, seconds=time.perf_counter() - start)
+        except KeyboardInterrupt:  # Ctrl-C, wherever it is raised, stops the run
+            raise
+        except ClientTimedOut:
+            result = CallResult(cid, error=f"ClientTimeout: did not finish within {self.client_timeout:g} s "
+                                           f"(failures.client_timeout)", seconds=time.perf_counter() - start)
+        except SystemExit as exc:  # sys.exit() in trainer code is a failed client, not the end of the run
+            result = CallResult(cid, error=f"SystemExit: client code called sys.exit({exc.code!r})",
+                                detail=traceback.format_exc(), seconds=time.perf_counter() - start)
+        except Exception as exc:  # isolation: one client's bug must not end the run
+            result = CallResult(cid, error=f"{type(exc).__name__}: {exc}",
+                                detail=traceback.format_exc(), seconds=time.perf_counter() - start)
+        if self.pool is not None:
+            try:  # a full disk while spilling (PflError) ends the run; client_state() raising fails the client
+                self.pool.release(cid)
+            except (PflError, KeyboardInterrupt):
                 raise
-            except ClientTimedOut:
-                results[cid] = CallResult(cid, error=f"ClientTimeout: did not finish within {self.client_timeout:g} s "
-                                                     f"(failures.client_timeout)",
-                                          seconds=time.perf_counter() - start)
-            except SystemExit as exc:  # sys.exit() in trainer code is a failed client, not the end of the run
-                results[cid] = CallResult(cid, error=f"SystemExit: client code called sys.exit({exc.code!r})",
-                                          detail=traceback.format_exc(), seconds=time.perf_counter() - start)
-            except Exception as exc:  # isolation: one client's bug must not end the run
-                results[cid] = CallResult(cid, error=f"{type(exc).__name__}: {exc}",
-                                          detail=traceback.format_exc(), seconds=time.perf_counter() - start)
-            if self.pool is not None:
-                try:  # a full disk while spilling (PflError) ends the run; client_state() raising fails the client
-                    self.pool.release(cid)
-                except (PflError, KeyboardInterrupt):
-                    raise
-                except Exception as exc:  # its stored state stays the one before this call (as after a rollback)
-                    results[cid] = CallResult(cid, error=f"swapping its state out: {type(exc).__name__}: {exc}",
-                                              detail=traceback.format_exc(), seconds=results[cid].seconds)
-        return results
+            except Exception as exc:  # its stored state stays the one before this call (as after a rollback)
+                result = CallResult(cid, error=f"swapping its state out: {type(exc).__name__}: {exc}",
+                                    detail=traceback.format_exc(), seconds=result.seconds)
+        return result
+
+    def keep(self, cid: int) -> None:
+        if self.pool is not None:
+            self.pool.store.forget_previous(cid)
+        else:
+            self._snapshots.pop(cid, None)
 
     def _hung_message(self, cid: int, rnd: int) -> str:
         """The line a process stopped by a hung call prints (calltimer's watchdog thread calls this)."""

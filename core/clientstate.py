@@ -190,6 +190,15 @@ class ClientStateStore:
             self._memory[cid] = prev
             self._bytes[cid] = nbytes  # already counted in memory_bytes
 
+    def forget_previous(self, cid: int) -> None:
+        """Drop the state kept for ``cid``'s rollback (its call was accepted), so a round keeps at most the
+        previous states of clients not yet vetted."""
+        prev = self._prev.pop(cid, None)
+        if prev is _SPILLED:
+            self._unlink(self._prev_path(cid))
+        elif prev is not None and prev is not _NO_ENTRY:
+            self.memory_bytes -= self._prev_bytes.pop(cid)
+
     def _keep_previous(self, cid: int) -> None:
         if cid in self._memory:
             self._prev[cid] = self._memory.pop(cid)

@@ -5,9 +5,10 @@ import itertools
 import logging
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .backend import Call, ExecutionBackend
+from .backend import Call, CallResult, ExecutionBackend
+from .fold import MeanFold
 from .errors import PflError
 from .privacy import PrivacyGuard
 from .protocol import Message, first_non_finite, payload_nbytes
@@ -46,8 +47,11 @@ class Communicator:
         # a backend that runs clients elsewhere vets each reply where its client's data is (``execute_vetted``), and
         # may average reply fields there too (``mean_fields``: the distributed fast path)
         self._owner_vets = callable(getattr(backend, "execute_vetted", None))
-        self.reduce_across_ranks = reduce_across_ranks
-        self.mean_fields = tuple(mean_fields) if self._owner_vets and reduce_across_ranks else ()
+        # the aggregator's mean fields are folded as replies arrive (core.fold: streaming aggregation); with
+        # ``reduce_across_ranks`` the owners fold their clients and the ranks all-reduce the sums, otherwise every
+        # rank folds all replies in client order (a distributed run's exact mode: the serial run's numbers)
+        self.mean_fields = tuple(mean_fields)
+        self.rank_fields = self.mean_fields if self._owner_vets and reduce_across_ranks else ()
         self.reply_weight = reply_weight  # the aggregator's weight of one reply in those means (None: num_samples)
         self.client_ids = list(client_ids)
         self.seed = seed
@@ -86,12 +90,16 @@ class Communicator:
         snapshot = accounted and self.rollback_enabled
         vetted: Optional[Dict[int, Tuple[Optional[str], int]]] = None
         if self._owner_vets:  # each owner vets its clients' replies (before their fields enter any sum)
-            results, vetted = self.backend.execute_vetted(calls, snapshot, self.vet, self.mean_fields,
+            results, vetted = self.backend.execute_vetted(calls, snapshot, self.vet, self.rank_fields,
                                                           weight_of=self.reply_weight)
-        else:
-            results = self.backend.execute(calls, snapshot=snapshot)
+            arriving: Iterable[CallResult] = (results.pop(cid) for cid in sorted(results))
+        else:  # one client at a time: each reply is vetted and folded before the next client runs
+            arriving = self.backend.execute_each(calls, snapshot)
+        fold = MeanFold(() if self.rank_fields else self.mean_fields, self.reply_weight)
+        folded: Dict[int, List[str]] = {}
         replies: Dict[int, Dict[str, Any]] = {}
-        for cid, res in results.items():
+        for res in arriving:
+            cid = res.cid
             self.traffic.client_seconds[cid] = self.traffic.client_seconds.get(cid, 0.0) + res.seconds
             if res.error is not None:
                 if self.on_client_error == "abort":
@@ -100,14 +108,25 @@ class Communicator:
                 self._reject(cid, calls[cid].message.kind, f"raised {res.error}", res.detail, accounted)
                 continue
             reason, nbytes = vetted[cid] if vetted is not None else (self.vet(cid, res.reply), None)
+            reply = res.reply
+            if reason is None and fold:
+                fields = [f for f in fold.fields if isinstance(reply, dict) and f in reply]
+                reply, reason = fold.add(cid, reply)
             if reason is not None:
                 self._reject(cid, calls[cid].message.kind, reason, "", accounted)
                 continue
             if accounted:  # a reduced reply was counted whole by its owner
                 self.traffic.bytes_up += nbytes if nbytes is not None else payload_nbytes(res.reply)
-                if "train_loss" in res.reply:
-                    self.traffic.train_replies[cid] = res.reply
-            replies[cid] = res.reply
+            del res  # the upload is folded: nothing holds it any more
+            if not self._owner_vets:
+                self.backend.keep(cid)  # accepted: its rollback snapshot may go
+            if fold and fields:
+                folded[cid] = fields
+            if accounted and "train_loss" in reply:
+                self.traffic.train_replies[cid] = reply
+            replies[cid] = reply
+        if folded:  # every folded reply holds the same WeightedMean, as on the distributed fast path
+            MeanFold.restore(replies, folded, fold.means(_device_of(fold)))
         return replies
 
     def vet(self, cid: int, reply: Any) -> Optional[str]:
@@ -128,6 +147,14 @@ class Communicator:
 
     def channel(self) -> "ServerChannel":
         return ServerChannel(self._token, self.client_ids)
+
+
+def _device_of(fold: MeanFold) -> Any:
+    """Where the folded replies' tensors were: their mean goes back there."""
+    for ff in fold.folds.values():
+        if ff.sum is not None:
+            return ff.sum.device
+    return "cpu"
 
 
 # The one path from a channel to its communicator: a token looked up here, in this module's globals, which any

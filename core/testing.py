@@ -55,19 +55,35 @@ def quick_run(algorithm: str, tmp_path: Path, overrides: Optional[Dict[str, Any]
 
 
 def run_capturing_replies(sim: Simulation) -> Dict[int, Dict[int, Dict[str, Any]]]:
-    """Run ``sim`` and return what its aggregator received: round -> client -> fit reply (uploads, counts)."""
+    """Run ``sim`` and return what its aggregator received: round -> client -> fit reply (uploads, counts). A field
+    the aggregator streams (``mean_fields``, core/fold.py) reached it as one shared ``WeightedMean``; here it is the
+    client's own upload, kept aside for the test (a serial run; on a distributed backend it stays the mean)."""
+    from .state import WeightedMean
+
     captured: Dict[int, Dict[int, Dict[str, Any]]] = {}
+    raw: Dict[int, Dict[str, Any]] = {}
     original = sim.server.aggregate_fit
+    original_each = sim.backend.execute_each
+
+    def each(calls, snapshot=False):
+        for res in original_each(calls, snapshot):
+            if res.error is None and isinstance(res.reply, dict):
+                raw[res.cid] = res.reply  # the whole reply, before any fold
+            yield res
 
     def spy(rnd, replies):
-        captured[rnd] = dict(replies)
+        captured[rnd] = {cid: {k: raw[cid][k] if isinstance(v, WeightedMean) and cid in raw else v
+                               for k, v in reply.items()} for cid, reply in replies.items()}
+        raw.clear()
         return original(rnd, replies)
 
     sim.server.aggregate_fit = spy
+    sim.backend.execute_each = each
     try:
         sim.run()
     finally:
         sim.server.aggregate_fit = original
+        sim.backend.execute_each = original_each
     return captured
 
 
@@ -183,3 +199,53 @@ def assert_workers_match_serial(algorithm: str, overrides: Optional[Dict[str, An
     parallel = run_with_workers(tiny_config(algorithm, overrides, sets), workers, tmp_path, f"w{workers}")
     tiny_run(algorithm, tmp_path / "serial", overrides, sets)
     assert metrics_records(parallel) == metrics_records(tmp_path / "serial")
+
+
+def fold_tolerance(states: Sequence[Dict[str, Any]]) -> float:
+    """The bound within which streaming aggregation (core.fold: float64 sums, rounded once) and the all-replies
+    ``weighted_average`` (float32 accumulation of ``(w_i / W) x_i``) agree on K float32 states: each of the K
+    accumulation steps of the latter rounds once, so ``|stream - all| <= (K + 1) * 2**-23 * max_i |x_i|``
+    elementwise (the ``+ 1``: the fold's own final rounding)."""
+    import torch
+
+    biggest = max((float(v.detach().abs().max()) for s in states for v in s.values()
+                   if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()), default=0.0)
+    return (len(states) + 1) * 2.0 ** -23 * biggest
+
+
+def assert_streaming_matches_all_replies(algorithm: str, overrides: Optional[Dict[str, Any]], tmp_path: Path,
+                                         sets: tuple = ()) -> None:
+    """``algorithm``'s aggregator streams (it declares ``mean_fields``), and one tiny round folded as replies arrive
+    leaves the server state the same round leaves when the aggregator gets every upload at once, within
+    :func:`fold_tolerance` of the uploads (in ``tmp_path/stream`` and ``/all``)."""
+    layer = deep_merge(dict(overrides or {}), {"rounds": 1})
+    streamed = tiny_simulation(algorithm, Path(tmp_path) / "stream", layer, sets)
+    assert streamed.comm.mean_fields, f"{algorithm}'s aggregator declares no mean_fields: it does not stream"
+    whole = tiny_simulation(algorithm, Path(tmp_path) / "all", layer, sets)
+    whole.comm.mean_fields = ()  # the all-replies path: the aggregator combines the uploads itself
+    uploads = run_capturing_replies(whole)[1]
+    streamed.run()
+    states = [r[f] for r in uploads.values() for f in streamed.comm.mean_fields if isinstance(r.get(f), dict)]
+    tol = fold_tolerance(states)
+    a, b = _flat_tensors(streamed.server.state_dict()), _flat_tensors(whole.server.state_dict())
+    assert a.keys() == b.keys() and a, "the two servers hold different state"
+    for key in a:
+        diff = float((a[key].double() - b[key].double()).abs().max()) if a[key].numel() else 0.0
+        assert diff <= tol, f"{algorithm}: server state {key} differs by {diff:.3g} > {tol:.3g}"
+
+
+def _flat_tensors(obj: Any, prefix: str = "") -> Dict[str, Any]:
+    """Every floating tensor in a nested state (dicts, lists), by path."""
+    import torch
+
+    out: Dict[str, Any] = {}
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            out[prefix] = obj.detach()
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_flat_tensors(v, f"{prefix}/{k}"))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(_flat_tensors(v, f"{prefix}/{i}"))
+    return out

@@ -97,6 +97,8 @@ def show_command(name: str) -> None:
             lines = _param_lines(compose.section_params(section, comp, compo), f"{section}.",
                                  defaults.get(section, {}))
             click.echo("\n".join(lines) if lines else "  (no options)")
+            if section == "aggregator":
+                click.echo(aggregation_line(built))
         if compo.wrapped:  # bases whose run starts with these defaults (the run's own start checks, core/dryrun.py)
             runs, refused = dryrun.runnable_bases(name)
             click.echo(f"\nbase algorithms it can wrap ({compo.section}.{compose.BASE_KEY}; their defaults apply "
@@ -136,3 +138,12 @@ def show_command(name: str) -> None:
             return
     every = sorted({n for r in reg.ALL_REGISTRIES.values() for n in r.names()} | {"core"})
     raise reg.unknown_name_of_any_length("plugin or component", name, every)
+
+
+def aggregation_line(aggregator: Any) -> str:
+    """How a strategy receives a round's uploads (core/fold.py): streamed into running means, or all at once."""
+    fields = getattr(aggregator, "reduced_fields", tuple)()
+    if fields:
+        return (f"  aggregation: streaming -- the weighted mean of {', '.join(repr(f) for f in fields)} is folded "
+                f"as each reply arrives (a round holds one running sum, not every upload)")
+    return "  aggregation: all replies at once -- the strategy needs every upload together (a round holds them all)"

@@ -20,6 +20,7 @@ from ..backend import Call, CallResult, ExecutionBackend, SerialBackend, StateOp
 from ..errors import ConfigError, PflError
 from ..protocol import payload_nbytes
 from ..seeding import rng_state, set_rng_state
+from ..fold import MeanFold, unflatten
 from ..state import WeightedMean
 from .assign import assign_clients, describe, sgd_steps
 
@@ -175,58 +176,37 @@ class DistributedBackend(ExecutionBackend):
         if not calls:
             return {}, {}
         mine = {cid: call for cid, call in calls.items() if self.owner[cid] == self.rank}
-        results = self.inner.execute(mine, snapshot) if mine else {}
-        last = max(calls)
-        rng = rng_state() if self.owner[last] == self.rank else None
-        sums: Dict[str, Optional[torch.Tensor]] = {f: None for f in fields}
-        firsts: Dict[str, Any] = {}  # field -> (cid, layout, integer tensors) of this rank's first contributor
-        weight = {f: 0.0 for f in fields}
-        bad_layout: Optional[str] = None
+        fold = MeanFold(fields, weight_of)  # this rank's clients, folded as each reply arrives (core.fold)
+        results: Dict[int, CallResult] = {}
         sent: Dict[int, Any] = {}
-        for cid in sorted(results):
-            res = results[cid]
-            verdict, nbytes, reply, reduced = None, 0, res.reply, set()
+        for res in (self.inner.execute_each(mine, snapshot) if mine else ()):
+            cid = res.cid
+            verdict, nbytes, reply, reduced = None, 0, res.reply, []
             if res.error is None:
                 verdict = vet(cid, reply)
-                if verdict is not None:
-                    reply = None  # stays here: it may hold anything (raw data, objects that do not pickle)
-                else:
+                if verdict is None:
                     nbytes = payload_nbytes(reply)
-                    present = [f for f in fields if isinstance(reply, dict) and f in reply]
-                    if present:  # the averaged fields stay behind (None keeps the reply's key order)
-                        reply = {k: None if k in present else v for k, v in reply.items()}
-                    for f in present:
-                        problem = _reducible(res.reply, f)
-                        if problem is None:
-                            layout = _layout(res.reply[f])
-                            if f not in firsts:
-                                firsts[f] = (cid, layout, _to_portable(
-                                    {k: res.reply[f][k] for k, _, dt in layout if not dt.is_floating_point}))
-                            elif layout != firsts[f][1]:
-                                problem = f"its '{f}' has other keys, shapes or dtypes than client {firsts[f][0]}'s"
-                        if problem is not None:
-                            bad_layout = bad_layout or f"client {cid}: {problem}"
-                            continue
-                        w = float(weight_of(res.reply)) if weight_of is not None else float(res.reply["num_samples"])
-                        flat = torch.cat([res.reply[f][k].detach().reshape(-1).to(torch.float64)
-                                          for k, _, dt in firsts[f][1] if dt.is_floating_point] or
-                                         [torch.zeros(0, dtype=torch.float64)])
-                        sums[f] = flat.mul_(w) if sums[f] is None else sums[f].add_(flat, alpha=w)
-                        weight[f] += w
-                        reduced.add(f)
-            sent[cid] = (self._portable_result(CallResult(res.cid, reply, res.error, res.detail, res.seconds)),
-                         verdict, nbytes, [f for f in fields if f in reduced])
+                    reduced = [f for f in fields if isinstance(reply, dict) and f in reply]
+                    reply, verdict = fold.add(cid, reply)  # a reply that cannot be folded is refused
+                if verdict is not None:
+                    reply, reduced = None, []  # stays here: it may hold anything (raw data, unpicklable objects)
+                else:
+                    self.inner.keep(cid)  # accepted: its rollback snapshot may go
+            # this rank's own clients keep their own reply objects (the serial backend's replies), folded fields out
+            results[cid] = CallResult(cid, reply, res.error, res.detail, res.seconds)
+            sent[cid] = (self._portable_result(results[cid]), verdict, nbytes, reduced)
+        last = max(calls)
+        rng = rng_state() if self.owner[last] == self.rank else None
+        firsts = {f: (ff.first_cid, ff.layout, _to_portable(ff.ints)) for f, ff in fold.folds.items()
+                  if ff.sum is not None}
         what = f"{self.phase}: calls to clients {_span(sorted(calls))}"
-        gathered = self._all_gather((sent, rng, firsts, bad_layout), what)
+        gathered = self._all_gather((sent, rng, firsts), what)
         merged: Dict[int, Any] = {}
         first_of: Dict[str, Any] = {}
-        for part, state, their_firsts, problem in gathered:  # in rank order: the same on every rank
+        for part, state, their_firsts in gathered:  # in rank order: the same on every rank
             merged.update(part)
             if state is not None and self.owner[last] != self.rank:
                 set_rng_state(state)
-            if problem is not None:  # every rank sees it and stops alike
-                raise PflError(f"distributed.exact false: cannot average the replies of clients "
-                               f"{_span(sorted(calls))}: {problem}; set distributed.exact true")
             for f, first in their_firsts.items():
                 if f in first_of and first[1] != first_of[f][1]:
                     raise PflError(f"distributed.exact false: clients {first[0]} and {first_of[f][0]} upload "
@@ -240,18 +220,19 @@ class DistributedBackend(ExecutionBackend):
             _, layout, ints = first_of[f]
             size = sum(math.prod(shape) for _, shape, dt in layout if dt.is_floating_point)
             device, group = self._reduce_on()
-            local = sums[f].to(device) if sums[f] is not None else torch.zeros(size, dtype=torch.float64,
-                                                                                device=device)
-            buf = torch.cat([local, torch.tensor([weight[f]], dtype=torch.float64, device=device)])
+            mine_f = fold.folds[f]
+            local = mine_f.sum.to(device) if mine_f.sum is not None else torch.zeros(size, dtype=torch.float64,
+                                                                                      device=device)
+            buf = torch.cat([local, torch.tensor([mine_f.weight], dtype=torch.float64, device=device)])
             self._guard(lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group), f"{what} (all-reduce)")
-            means[f] = WeightedMean(_unflatten(buf[:-1] / buf[-1], layout, ints, self.device), float(buf[-1]))
+            ints = {k: _from_portable(v, self.device) for k, v in ints.items()}
+            means[f] = WeightedMean(unflatten(buf[:-1] / buf[-1], layout, ints, self.device), float(buf[-1]))
         for cid, (res, _, _, _) in merged.items():
             self.rank_seconds[self.owner[cid]] += res.seconds
         out: Dict[int, CallResult] = {}
         verdicts: Dict[int, Tuple[Optional[str], int]] = {}
         for cid in sorted(merged):
             res, verdict, nbytes, present = merged[cid]
-            # this rank's own clients keep their own reply objects (the serial backend's replies)
             res = results[cid] if cid in results else self._local_result(res)
             if present:
                 res = CallResult(cid, {k: means[k] if k in present else v for k, v in res.reply.items()},
@@ -340,37 +321,6 @@ class DistributedBackend(ExecutionBackend):
             raise WorkerLost(f"rank {self.rank}: lost contact with another process of the run during {what} "
                              f"({first}); a worker died or stopped answering. Clients by rank: "
                              f"{self.describe()}") from None
-
-
-def _reducible(reply: Dict[str, Any], field: str) -> Optional[str]:
-    """Why ``reply[field]`` cannot enter a weighted sum, or None."""
-    value = reply[field]
-    if not isinstance(value, dict) or not all(isinstance(v, torch.Tensor) for v in value.values()):
-        return f"'{field}' is not a dict of tensors"
-    n = reply.get("num_samples")
-    if isinstance(n, bool) or not isinstance(n, (int, float)):
-        return "the reply has no numeric 'num_samples' to weight it by"
-    return None
-
-
-def _layout(state: Dict[str, torch.Tensor]) -> List[Tuple[str, Tuple[int, ...], torch.dtype]]:
-    return [(k, tuple(v.shape), v.dtype) for k, v in state.items()]
-
-
-def _unflatten(flat: torch.Tensor, layout: List[Tuple[str, Tuple[int, ...], torch.dtype]], ints: Dict[str, Any],
-               device: torch.device) -> Dict[str, torch.Tensor]:
-    """The state of ``layout`` from the flat mean of its floating keys; integer keys (BN batch counters) take the
-    first contributing client's value, as ``weighted_average`` does."""
-    out: Dict[str, torch.Tensor] = {}
-    at = 0
-    for k, shape, dt in layout:
-        if dt.is_floating_point:
-            n = math.prod(shape)
-            out[k] = flat[at:at + n].reshape(shape).to(device=device, dtype=dt)
-            at += n
-        else:
-            out[k] = _from_portable(ints[k], device).to(device).clone()
-    return out
 
 
 def _span(ids: List[int]) -> str:

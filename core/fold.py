@@ -1,0 +1,128 @@
+"""Streaming aggregation: fold the reply fields of which a strategy needs only the weighted mean, one reply at a
+time, into float64 running sums; the replies themselves are dropped as they arrive.
+
+A strategy declares such fields (``ServerAggregator.mean_fields``). The communicator folds every accepted reply
+of a round in client-id order and hands the strategy one ``WeightedMean`` per field, so a round holds one
+accumulator per field instead of every upload. A distributed run folds each rank's clients the same way and
+all-reduces the sums (``partial``/``finish``): one mechanism on every path.
+
+Numbers: ``sum_i w_i x_i / sum_i w_i`` in float64, rounded once to the field's dtype. ``weighted_average`` (the
+all-replies path) accumulates ``(w_i / W) x_i`` in the field's dtype, so the two agree to that dtype's rounding
+(``tests/test_streaming.py`` states and tests the bound); any two folds of the same replies in the same order
+are bit-identical.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .state import State, WeightedMean
+
+Layout = List[Tuple[str, Tuple[int, ...], torch.dtype]]
+
+
+def layout_of(state: Dict[str, torch.Tensor]) -> Layout:
+    """Keys, shapes and dtypes of a state, in its order: replies folded together must share it."""
+    return [(k, tuple(v.shape), v.dtype) for k, v in state.items()]
+
+
+def foldable(reply: Dict[str, Any], field: str, weighted_by_samples: bool) -> Optional[str]:
+    """Why ``reply[field]`` cannot enter a weighted sum, or None."""
+    value = reply[field]
+    if not isinstance(value, dict) or not all(isinstance(v, torch.Tensor) for v in value.values()):
+        return f"'{field}' is not a dict of tensors"
+    n = reply.get("num_samples")
+    if weighted_by_samples and (isinstance(n, bool) or not isinstance(n, (int, float))):
+        return "the reply has no numeric 'num_samples' to weight it by"
+    return None
+
+
+def unflatten(flat: torch.Tensor, layout: Layout, ints: Dict[str, torch.Tensor], device: torch.device) -> State:
+    """The state of ``layout`` from the flat mean of its floating keys; integer keys (BN batch counters) take the
+    first contributing client's value, as ``weighted_average`` does."""
+    out: State = {}
+    at = 0
+    for k, shape, dt in layout:
+        if dt.is_floating_point:
+            n = math.prod(shape)
+            out[k] = flat[at:at + n].reshape(shape).to(device=device, dtype=dt)
+            at += n
+        else:
+            out[k] = ints[k].to(device).clone()
+    return out
+
+
+class FieldFold:
+    """The running ``sum w_i x_i`` (one flat float64 vector) and ``sum w_i`` of one reply field."""
+
+    __slots__ = ("field", "sum", "weight", "first_cid", "layout", "ints")
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        self.sum: Optional[torch.Tensor] = None
+        self.weight = 0.0
+        self.first_cid: Optional[int] = None
+        self.layout: Optional[Layout] = None
+        self.ints: Dict[str, torch.Tensor] = {}
+
+    def check(self, cid: int, value: Dict[str, torch.Tensor]) -> Optional[str]:
+        if self.layout is not None and layout_of(value) != self.layout:
+            return f"its '{self.field}' has other keys, shapes or dtypes than client {self.first_cid}'s"
+        return None
+
+    def add(self, cid: int, value: Dict[str, torch.Tensor], weight: float) -> None:
+        if self.layout is None:
+            self.first_cid, self.layout = cid, layout_of(value)
+            self.ints = {k: v.detach().clone() for k, v in value.items() if not v.is_floating_point()}
+        parts = [v.detach().reshape(-1).to(torch.float64) for v in value.values() if v.is_floating_point()]
+        flat = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+        self.sum = flat.mul_(weight) if self.sum is None else self.sum.add_(flat.to(self.sum.device), alpha=weight)
+        self.weight += weight
+
+    def mean(self, device: torch.device) -> WeightedMean:
+        return WeightedMean(unflatten(self.sum / self.weight, self.layout, self.ints, device), self.weight)
+
+
+class MeanFold:
+    """Folds the ``fields`` of accepted replies, one reply at a time, in the order they are given.
+
+    ``weight_of``: the strategy's ``reply_weight`` (None: the reply's ``num_samples``). ``add`` returns the reply
+    without its folded fields (None in their place, so the key order stays) or, when a field cannot be folded,
+    leaves the sums untouched and returns the reason: the caller rejects that client like any refused reply.
+    """
+
+    def __init__(self, fields: Sequence[str], weight_of: Optional[Callable[[Dict[str, Any]], float]] = None) -> None:
+        self.fields = tuple(fields)
+        self.weight_of = weight_of
+        self.folds: Dict[str, FieldFold] = {f: FieldFold(f) for f in self.fields}
+
+    def __bool__(self) -> bool:
+        return bool(self.fields)
+
+    def add(self, cid: int, reply: Any) -> Tuple[Any, Optional[str]]:
+        present = [f for f in self.fields if isinstance(reply, dict) and f in reply]
+        if not present:
+            return reply, None
+        for f in present:  # check every field before folding any: a refused reply leaves no trace in the sums
+            problem = foldable(reply, f, self.weight_of is None) or self.folds[f].check(cid, reply[f])
+            if problem is not None:
+                return reply, problem
+        weight = float(self.weight_of(reply)) if self.weight_of is not None else float(reply["num_samples"])
+        for f in present:
+            self.folds[f].add(cid, reply[f], weight)
+        return {k: None if k in present else v for k, v in reply.items()}, None
+
+    def means(self, device: torch.device) -> Dict[str, WeightedMean]:
+        """field -> the weighted mean of every folded reply's field (fields no reply held are absent)."""
+        return {f: fold.mean(device) for f, fold in self.folds.items() if fold.sum is not None}
+
+    @staticmethod
+    def restore(replies: Dict[int, Dict[str, Any]], folded: Dict[int, Sequence[str]],
+                means: Dict[str, WeightedMean]) -> None:
+        """Put the shared ``WeightedMean`` of each folded field back into every reply that held it (in place)."""
+        for cid, fields in folded.items():
+            reply = replies[cid]
+            for f in fields:
+                reply[f] = means[f]

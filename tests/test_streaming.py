@@ -1,0 +1,112 @@
+"""Streaming aggregation (core/fold.py): mean fields are folded as replies arrive, a round never holds every
+upload or every rollback snapshot, and the numbers are today's within the stated bound."""
+import weakref
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pflkit.core.backend import SerialBackend
+from pflkit.core.cli.main import cli
+from pflkit.core.fold import MeanFold
+from pflkit.core.state import weighted_average
+from pflkit.core.testing import (OneTrainerPerClient, assert_streaming_matches_all_replies, fold_tolerance,
+                                 tiny_simulation)
+
+
+def _states(k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [{"w": torch.randn(40, 30, generator=g) * (i + 1), "b": torch.randn(30, generator=g),
+             "n": torch.tensor(i + 7)} for i in range(k)]
+
+
+def test_fold_is_the_float64_mean_rounded_once_and_close_to_weighted_average():
+    states, weights = _states(25), [float(3 + 5 * i) for i in range(25)]
+    fold = MeanFold(("params",))
+    for cid, (s, w) in enumerate(zip(states, weights)):
+        rest, problem = fold.add(cid, {"params": s, "num_samples": w, "train_loss": 0.5})
+        assert problem is None and rest == {"params": None, "num_samples": w, "train_loss": 0.5}
+    mean = fold.means(torch.device("cpu"))["params"]
+    assert mean.weight == sum(weights)
+    for k in ("w", "b"):  # float64 sum in client order, one rounding: exactly this
+        ref = sum(s[k].double() * w for s, w in zip(states, weights)) / sum(weights)
+        assert torch.equal(mean.state[k], ref.float())
+    assert torch.equal(mean.state["n"], states[0]["n"])  # integer keys: the first client's, as weighted_average
+    old = weighted_average(states, weights)
+    tol = fold_tolerance(states)
+    diff = max(float((mean.state[k] - old[k]).abs().max()) for k in ("w", "b"))
+    assert 0 < diff <= tol  # not bit-identical (float32 accumulation vs float64), but within the stated bound
+
+
+def test_fold_refuses_a_reply_it_cannot_fold_and_keeps_its_sums():
+    a, b = _states(2)
+    fold = MeanFold(("params",))
+    assert fold.add(0, {"params": a, "num_samples": 4})[1] is None
+    before = fold.folds["params"].sum.clone()
+    _, problem = fold.add(1, {"params": {"w": b["w"]}, "num_samples": 4})
+    assert "other keys, shapes or dtypes than client 0" in problem
+    _, problem = fold.add(2, {"params": [b["w"]], "num_samples": 4})
+    assert "not a dict of tensors" in problem
+    _, problem = fold.add(3, {"params": b})
+    assert "num_samples" in problem
+    assert torch.equal(fold.folds["params"].sum, before) and fold.folds["params"].weight == 4
+    uniform = MeanFold(("params",), weight_of=lambda reply: 1.0)  # a strategy's own weight needs no num_samples
+    assert uniform.add(0, {"params": a})[1] is None
+
+
+class UploadWatch(SerialBackend):
+    """Counts, as each client starts, the earlier clients' uploads and rollback snapshots still alive."""
+
+    def __init__(self):
+        super().__init__()
+        self.uploads, self.max_alive, self.max_snapshots = [], 0, 0
+
+    def start(self, build_trainer, client_ids, state_options=None):
+        super().start(build_trainer, client_ids, state_options)
+
+    def _run_one(self, cid, call, snapshot):
+        self.max_alive = max(self.max_alive, sum(ref() is not None for ref in self.uploads))
+        held = len(self.pool.store._prev) if self.pool is not None else len(self._snapshots)
+        self.max_snapshots = max(self.max_snapshots, held)
+        res = super()._run_one(cid, call, snapshot)
+        if res.error is None and "params" in res.reply:
+            self.uploads.append(weakref.ref(next(iter(res.reply["params"].values()))))
+        return res
+
+
+class LegacyUploadWatch(UploadWatch):
+    def start(self, build_trainer, client_ids, state_options=None):
+        SerialBackend.start(self, lambda cid: build_trainer(cid), client_ids)  # one trainer per client
+
+
+@pytest.mark.parametrize("backend_cls", [UploadWatch, LegacyUploadWatch])
+def test_a_streaming_round_holds_one_upload_and_one_snapshot_at_a_time(tmp_path, backend_cls):
+    over = {"partition": {"num_clients": 6}, "rounds": 1}
+    streamed = tiny_simulation("fedavg", tmp_path / "stream", over, backend=backend_cls())
+    streamed.run()
+    assert (streamed.backend.pool is None) == (backend_cls is LegacyUploadWatch)
+    assert len(streamed.backend.uploads) >= 6 and streamed.backend.max_alive == 0
+    assert streamed.backend.max_snapshots == 0  # an accepted client's snapshot went before the next one ran
+    whole = tiny_simulation("fedavg", tmp_path / "all", over, backend=backend_cls())
+    whole.comm.mean_fields = ()  # the all-replies path keeps them all until the aggregator combines them
+    whole.run()
+    assert whole.backend.max_alive >= 5  # every earlier upload, still held when the last client trains
+
+
+def test_fedavg_streaming_matches_all_replies(tmp_path):
+    assert_streaming_matches_all_replies("fedavg", {"partition": {"num_clients": 5}}, tmp_path)
+
+
+def test_legacy_trainers_stream_too(tmp_path):
+    """A strategy's fold does not depend on how clients run (pooled or one trainer per client)."""
+    a = tiny_simulation("fedavg", tmp_path / "pooled", {"rounds": 1})
+    b = tiny_simulation("fedavg", tmp_path / "legacy", {"rounds": 1}, backend=OneTrainerPerClient())
+    a.run(), b.run()
+    assert all(torch.equal(x, b.server.global_state[k]) for k, x in a.server.global_state.items())
+
+
+def test_fl_show_says_how_an_aggregator_receives_replies():
+    out = CliRunner().invoke(cli, ["show", "fedavg"]).output
+    assert "aggregation: streaming" in out and "'params'" in out
+    out = CliRunner().invoke(cli, ["show", "fedsa"]).output
+    assert "aggregation: all replies at once" in out
