@@ -1,4 +1,5 @@
-"""What a finished (or paused) run prints: its summary table and where its files are.
+"""What a finished (or paused) run reports: its summary table and where its files are, printed, and
+``summary.json`` as strict JSON.
 
 Below both the ``fl`` command (``core/cli``) and the processes of a distributed run (``core/distributed``), which
 print the same report, so neither imports the other.
@@ -10,6 +11,17 @@ from pathlib import Path
 from typing import Any, Dict
 
 import click
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with NaN/Infinity replaced by null, so the file is strict JSON (other tools reject bare NaN)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
 
 
 def format_summary(result: Dict[str, Any]) -> str:

@@ -158,7 +158,8 @@ def _resolve(req: RunRequest):
 def _build(req: RunRequest, backend: DistributedBackend, run_dir: Optional[Path], ep: Endpoint) -> Tuple[Any, bool]:
     """(the simulation, whether it continues an earlier start)."""
     from ..config import parse_sets
-    from ..simulation import Simulation, default_run_dir
+    from ..rundir import default_run_dir
+    from ..simulation import Simulation
 
     progress = req.progress and backend.is_writer
     if req.resume_dir:
