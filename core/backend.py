@@ -187,9 +187,14 @@ class SerialBackend(ExecutionBackend):
         return self.pool is not None
 
     def execute(self, calls: Dict[int, Call], snapshot: bool = False) -> Dict[int, CallResult]:
-        return {res.cid: res for res in self.execute_each(calls, snapshot)}
+        return {res.cid: res for res in self._each(calls, snapshot)}
 
     def execute_each(self, calls: Dict[int, Call], snapshot: bool = False) -> Iterator[CallResult]:
+        if type(self).execute is not SerialBackend.execute and type(self).execute_each is SerialBackend.execute_each:
+            return ExecutionBackend.execute_each(self, calls, snapshot)  # a subclass hooking ``execute`` sees every call
+        return self._each(calls, snapshot)
+
+    def _each(self, calls: Dict[int, Call], snapshot: bool) -> Iterator[CallResult]:
         self._snapshots = {}
         if self.pool is not None:  # the store keeps each replaced state (under its budget) for a rollback
             self.pool.store.track_previous(snapshot)

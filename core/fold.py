@@ -54,6 +54,21 @@ def unflatten(flat: torch.Tensor, layout: Layout, ints: Dict[str, torch.Tensor],
     return out
 
 
+def fold_mean(states: Sequence[State], weights: Sequence[float]) -> State:
+    """The weighted mean of ``states`` with streaming aggregation's arithmetic (float64 sums in the given order,
+    one rounding): what a strategy that needs every upload computes when its mean must equal a streamed one bit for
+    bit (IFCA with one cluster is FedAvg; FedGen without its regulariser is FedAvg)."""
+    if not states:
+        raise ValueError("fold_mean of no states")
+    fold = FieldFold("params")
+    for i, (state, weight) in enumerate(zip(states, weights)):
+        problem = fold.check(i, state)
+        if problem is not None:
+            raise ValueError(f"state {i}: {problem}")
+        fold.add(i, state, float(weight))
+    return fold.mean(next(iter(states[0].values())).device if states[0] else torch.device("cpu")).state
+
+
 class FieldFold:
     """The running ``sum w_i x_i`` (one flat float64 vector) and ``sum w_i`` of one reply field."""
 

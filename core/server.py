@@ -23,6 +23,7 @@ from torch import nn
 from .params import ParamSpec
 from .protocol import Message
 from .serverstore import ServerClientStore, ServerStores
+from .fold import fold_mean
 from .state import State, WeightedMean, clone_state, weighted_average
 from .task import Task
 
@@ -70,10 +71,11 @@ class ServerAggregator:
         self.ctx = ctx
 
     # reply fields of which this strategy only needs the weighted mean (weights: ``reply_weight`` of each reply,
-    # ``num_samples`` unless overridden) over the replying clients. With ``distributed.exact: false`` a
-    # distributed run then sums them per rank and all-reduces the sums, and every accepted reply holds one
-    # ``state.WeightedMean`` in that field; otherwise the replies are unchanged. Read from the class that declares
-    # it only (``reduced_fields``).
+    # ``num_samples`` unless overridden) over the replying clients: streaming aggregation (core/fold.py). The
+    # communicator folds each accepted reply's field into a float64 running sum as it arrives and drops the upload;
+    # every accepted reply then holds one shared ``state.WeightedMean`` in that field (``mean_of`` reads it). With
+    # ``distributed.exact: false`` each rank folds its own clients and the ranks all-reduce the sums. Read from the
+    # class that declares it only (``reduced_fields``).
     mean_fields: Tuple[str, ...] = ()
 
     def reply_weight(self, reply: Dict[str, Any]) -> float:
@@ -81,6 +83,19 @@ class ServerAggregator:
         ``num_samples`` by default. A distributed run weighs each reply with this same method on the rank that
         owns the client, so an override (e.g. FedAvg's ``weighting: uniform``: 1 per reply) holds on every path."""
         return float(reply["num_samples"])
+
+    def mean_of(self, replies: Dict[int, Dict[str, Any]], field: str = "params") -> Optional[State]:
+        """The weighted mean (``reply_weight``) of ``field`` over ``replies``: the streamed mean when the field is
+        one of ``mean_fields`` (every reply then holds the same ``WeightedMean``, core/fold.py), else computed here
+        from the uploads in client order with the same arithmetic (``fold_mean``), so both paths give the same
+        bits. None without replies."""
+        if not replies:
+            return None
+        cids = sorted(replies)
+        first = replies[cids[0]][field]
+        if isinstance(first, WeightedMean):
+            return first.state
+        return fold_mean([replies[c][field] for c in cids], [self.reply_weight(replies[c]) for c in cids])
 
     @classmethod
     def reduced_fields(cls) -> Tuple[str, ...]:

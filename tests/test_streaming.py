@@ -93,8 +93,31 @@ def test_a_streaming_round_holds_one_upload_and_one_snapshot_at_a_time(tmp_path,
     assert whole.backend.max_alive >= 5  # every earlier upload, still held when the last client trains
 
 
-def test_fedavg_streaming_matches_all_replies(tmp_path):
-    assert_streaming_matches_all_replies("fedavg", {"partition": {"num_clients": 5}}, tmp_path)
+# every aggregator of the shipped algorithms whose aggregation is a weighted mean (on the tiny MLP; the
+# head/body-split methods get the tiny config's mlp, which has one); l2gd needs every client in every round
+STREAMING = ["fedavg", "fedprox", "fedper", "fedrep", "fedbn", "fedrod", "ditto", "fedcp", "fedntd", "fedbabu",
+             "lgfedavg", "perfedavg", "apfl", "fedala", "fedphp", "pfedme"]
+ALL_REPLIES = ["fedsa", "fedcac", "fedc2i", "fedproto", "fedamp", "fedfomo", "fedgen", "fedmtl", "ifca", "netlasso"]
+
+
+@pytest.mark.parametrize("variant", STREAMING)
+def test_streaming_matches_all_replies(tmp_path, variant):
+    name, *sets = variant.split("+")
+    assert_streaming_matches_all_replies(name, {"partition": {"num_clients": 5}}, tmp_path, tuple(sets))
+
+
+def test_l2gd_streams_its_averaging_step(tmp_path):
+    # seed 0's coin (p 0.5): rounds 1-3 average nothing yet, round 4 is a local step, round 5 collects every x_i
+    assert_streaming_matches_all_replies("l2gd", {"partition": {"num_clients": 5}}, tmp_path,
+                                         ("aggregator.p=0.5",), rounds=5)
+
+
+@pytest.mark.parametrize("name", ALL_REPLIES)
+def test_strategies_that_need_every_upload_do_not_stream(name):
+    from pflkit.core import registry as reg
+
+    algo = reg.ALGORITHMS.get(name)
+    assert reg.AGGREGATORS.get(algo.aggregator).reduced_fields() == ()
 
 
 def test_legacy_trainers_stream_too(tmp_path):

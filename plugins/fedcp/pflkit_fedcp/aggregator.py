@@ -1,14 +1,14 @@
 """FedCP server (Algorithm 1, lines 4-5 and 18-21)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from easydict import EasyDict
 
 from pflkit.core.params import Param
 from pflkit.core.protocol import Message
 from pflkit.core.server import ServerAggregator, ServerContext
-from pflkit.core.state import State, clone_state, weighted_average
+from pflkit.core.state import State, clone_state
 
 from .modules import check_options, initial_shared_state
 
@@ -23,6 +23,7 @@ class FedCPAggregator(ServerAggregator):
     """
 
     protocol = "fedcp"
+    mean_fields = ("params",)  # lines 18-21 are sample-weighted means: folded as the replies arrive (core/fold.py)
     description = "sample-weighted averaging of extractor, (global+personal)/2 head and CPN"
     params = {
         "sync": Param("paper", "who receives the new global modules: paper (selected clients, at the start of "
@@ -46,9 +47,7 @@ class FedCPAggregator(ServerAggregator):
         if not replies:
             return None
         cids = sorted(replies)
-        states: List[State] = [replies[c]["params"] for c in cids]
-        weights = [float(replies[c]["num_samples"]) for c in cids]  # n_i / n^t (lines 18-21)
-        self.global_state.update(weighted_average(states, weights))
+        self.global_state.update(self.mean_of(replies))  # n_i / n^t-weighted (lines 18-21), streamed
         if self.ctx.hp.sync != "reference":
             return None
         features = {k: v for k, v in self.global_state.items() if k.startswith("features.")}

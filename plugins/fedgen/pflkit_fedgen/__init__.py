@@ -23,6 +23,7 @@ from torch.func import functional_call
 
 from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param
 from pflkit.core.params import non_negative, positive, unit_interval
+from pflkit.core.fold import fold_mean
 from pflkit.core.protocol import Message
 from pflkit.core.server import ServerContext
 from pflkit.core.state import State
@@ -208,6 +209,11 @@ class FedGenAggregator(FedAvgAggregator):
         if replies:
             self.train_generator(replies)
         return super().aggregate_fit(rnd, replies)  # FedAvg's mean of the uploads
+
+    def combine(self, states: List[State], weights: List[float], cids: List[int]) -> State:
+        # FedAvg's mean with the arithmetic of FedAvg's streamed one (core.fold): alpha = beta = 0 is FedAvg bit for
+        # bit, although FedGen needs every upload at once (its generator learns from every head)
+        return fold_mean(states, weights)
 
     def _teacher_params(self, params: State) -> Dict[str, torch.Tensor]:
         return {k[len("head."):]: v.to(self.ctx.device) for k, v in params.items() if k.startswith("head.")}

@@ -6,7 +6,7 @@ import torch
 
 import pflkit_fedrep
 from pflkit.core import ConfigError, Simulation
-from pflkit.core.testing import quick_run, tiny_config
+from pflkit.core.testing import quick_run, run_capturing_replies, tiny_config
 
 
 def make_sim(tmp_path, sets=()):
@@ -70,11 +70,8 @@ def test_head_epochs_drive_the_head_phase_length(tmp_path, monkeypatch):
 
 def test_only_body_uploaded_and_heads_personal(tmp_path):
     sim = make_sim(tmp_path)
-    uploads = []
-    original = sim.server.aggregate_fit
-    sim.server.aggregate_fit = lambda rnd, replies: (uploads.extend(set(r["params"]) for r in replies.values()),
-                                                     original(rnd, replies))[1]
-    sim.run()
+    # the uploads themselves (FedRep's aggregator streams them into one mean: run_capturing_replies keeps them)
+    uploads = [set(r["params"]) for replies in run_capturing_replies(sim).values() for r in replies.values()]
     assert uploads and all(keys and all(k.startswith("features.") for k in keys) for keys in uploads)
     heads = [t.model.head.weight.detach() for _, t in sorted(sim.backend.trainers.items())]
     assert all(not torch.equal(heads[0], h) for h in heads[1:])

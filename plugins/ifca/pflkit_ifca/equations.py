@@ -5,7 +5,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from pflkit.core.state import State, weighted_average
+from pflkit.core.fold import fold_mean
+from pflkit.core.state import State
 
 
 def choose_cluster(losses: Sequence[float]) -> int:
@@ -19,12 +20,13 @@ def choose_cluster(losses: Sequence[float]) -> int:
 def cluster_average(models: List[State], states: Sequence[State], weights: Sequence[float],
                     clusters: Sequence[int]) -> List[State]:
     """Model averaging: theta_j <- sum_i s_ij w_i theta_i / sum_i s_ij w_i over the uploads assigned to cluster j
-    (w_i = 1 in the paper, or n_i); a cluster that received no upload keeps its model."""
+    (w_i = 1 in the paper, or n_i); a cluster that received no upload keeps its model. Computed with streaming
+    aggregation's arithmetic (core.fold), so one cluster gives FedAvg's model bit for bit."""
     out = list(models)
     for j in range(len(models)):
         members = [i for i, c in enumerate(clusters) if c == j]
         if members:
-            averaged = weighted_average([states[i] for i in members], [weights[i] for i in members])
+            averaged = fold_mean([states[i] for i in members], [weights[i] for i in members])
             out[j] = {**models[j], **averaged}
     return out
 

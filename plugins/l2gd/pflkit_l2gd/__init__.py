@@ -21,7 +21,7 @@ from itertools import islice
 
 from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator
 from pflkit.core.params import non_negative, positive
-from pflkit.core.state import State, clone_state, load_into, weighted_average
+from pflkit.core.state import State, clone_state, load_into
 from pflkit.core.training import make_optimizer, run_sgd
 
 from .equations import (averaging_coefficient, local_step_size, pull_toward, repeated_coefficient)
@@ -107,7 +107,10 @@ class L2GDAggregator(ServerAggregator):
                           "moves x_i by c = alpha lambda/(n p) of the way to x_bar (c must be <= 1)",
                      check=non_negative),
     }
-    mean_fields = ()
+    mean_fields = ("params",)  # x_bar is the plain mean of the uploads: folded as they arrive (core/fold.py)
+
+    def reply_weight(self, reply: Dict[str, Any]) -> float:
+        return 1.0  # x_bar = (1/n) sum_i x_i, Algorithm 1: every client counts once
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -143,8 +146,7 @@ class L2GDAggregator(ServerAggregator):
         if self.moved:  # x_bar changed: collect every x_i (one upload per averaging block)
             replies = comm.send({cid: Message("average") for cid in selected})
             if replies:
-                cids = sorted(replies)
-                self.mean = weighted_average([replies[c]["params"] for c in cids], [1.0] * len(cids))
+                self.mean = clone_state(self.mean_of(replies))
                 self.pending, self.moved = 1, False
             return
         if self.mean is not None:
