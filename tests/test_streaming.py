@@ -133,3 +133,35 @@ def test_fl_show_says_how_an_aggregator_receives_replies():
     assert "aggregation: streaming" in out and "'params'" in out
     out = CliRunner().invoke(cli, ["show", "fedsa"]).output
     assert "aggregation: all replies at once" in out
+
+
+@pytest.fixture
+def one_rank_group():
+    """A one-process gloo group on 127.0.0.1, in this process: the distributed paths without spawning workers."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_distributed_paths_fold_like_the_serial_run(tmp_path, one_rank_group, exact):
+    """One mechanism: a process folds its clients' replies with the serial run's fold (then all-reduces the sums,
+    or gathers the replies and folds them in client order); with one process both are the serial numbers bit for
+    bit (two processes: tests/test_distributed.py, slow)."""
+    from pflkit.core.distributed.backend import DistributedBackend
+
+    over = {"rounds": 2, "distributed": {"exact": exact}}
+    dist_run = tiny_simulation("fedavg", tmp_path / "dist", over, backend=DistributedBackend())
+    dist_run.run()
+    serial = tiny_simulation("fedavg", tmp_path / "serial", over)
+    serial.run()
+    assert all(torch.equal(v, dist_run.server.global_state[k]) for k, v in serial.server.global_state.items())
