@@ -3,13 +3,14 @@ algorithm's tests repeat (pooled = one trainer per client, resume = full run, ba
 ``--workers N`` = serial)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .backend import SerialBackend
 from .config import deep_merge, parse_sets, resolve, to_plain
@@ -261,3 +262,21 @@ def _flat_tensors(obj: Any, prefix: str = "") -> Dict[str, Any]:
         for i, v in enumerate(obj):
             out.update(_flat_tensors(v, f"{prefix}/{i}"))
     return out
+
+
+@contextlib.contextmanager
+def one_process_group() -> Iterator[None]:
+    """A one-process gloo group on 127.0.0.1 in this process, so the distributed backend's paths run in a test
+    without spawning workers; destroyed on exit."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

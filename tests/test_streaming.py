@@ -11,7 +11,7 @@ from pflkit.core.cli.main import cli
 from pflkit.core.fold import MeanFold
 from pflkit.core.state import weighted_average
 from pflkit.core.testing import (OneTrainerPerClient, assert_streaming_matches_all_replies, fold_tolerance,
-                                 tiny_simulation)
+                                 one_process_group, tiny_simulation)
 
 
 def _states(k, seed=0):
@@ -137,19 +137,8 @@ def test_fl_show_says_how_an_aggregator_receives_replies():
 
 @pytest.fixture
 def one_rank_group():
-    """A one-process gloo group on 127.0.0.1, in this process: the distributed paths without spawning workers."""
-    import socket
-
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
+    with one_process_group():
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("exact", [True, False])

@@ -1,15 +1,13 @@
 """aggregator.weighting: samples (default, Algorithm 1) or uniform (1 per reply), serially and on the distributed
 fast path (distributed.exact false, where each rank sums weight x upload before the all-reduce)."""
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from pflkit.core import Simulation
 from pflkit.core.distributed.backend import DistributedBackend
 from pflkit.core.state import WeightedMean
-from pflkit.core.testing import run_capturing_replies, tiny_config
+from pflkit.core.testing import one_process_group, run_capturing_replies, tiny_config
 from pflkit_fedavg import FedAvgAggregator, reply_weight
 
 
@@ -48,15 +46,8 @@ def test_bad_weighting_is_one_line_and_exit_2(tmp_path):
 
 @pytest.fixture
 def one_rank_group():
-    """A one-process gloo group on 127.0.0.1, in this process, so the fast path runs without spawning workers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
+    with one_process_group():
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_uniform_weighting_holds_on_the_distributed_fast_path(tmp_path, one_rank_group):
