@@ -13,7 +13,7 @@ import torch
 from easydict import EasyDict
 
 from . import registry as reg
-from .errors import DataError
+from .errors import ConfigError, DataError
 from .seeding import derive_seed
 from .task import Task
 from .training import TensorData
@@ -331,6 +331,11 @@ def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
     if splits is None:
         parts = partition_indices(cfg, bundle)
         if parts and isinstance(parts[0], ClientSplit):  # the partitioner made the split: use it as given
+            if cfg.split.get("fraction", 1.0) != 1.0 or cfg.split.train_size is not None:
+                raise ConfigError(f"split.fraction/train_size: partitioner '{cfg.partition.name}' makes each "
+                                  f"client's train/test split itself, so the split settings do not apply; keep "
+                                  f"fewer clients (e.g. dataset options) or save a smaller split and pass it as "
+                                  f"partition.from")
             fed = FederatedData(bundle, parts, name)
             fed.check_indices(f"partitioner '{cfg.partition.name}'", disjoint=True)
             return fed

@@ -67,3 +67,17 @@ def test_split_fraction_keeps_a_stratified_share_and_default_draws_nothing():
     full = split_train_test(idx, LABELS, np.random.default_rng(0), test_ratio=0.2)
     same = split_train_test(idx, LABELS, np.random.default_rng(0), test_ratio=0.2, fraction=1.0)
     assert np.array_equal(full.train, same.train) and np.array_equal(full.test, same.test)
+
+
+def test_split_settings_on_a_partition_that_splits_itself_are_refused(tmp_path):
+    import json
+
+    from pflkit.core.testing import assert_run_refused
+
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"dataset": "digits", "clients": [{"train": list(range(0, 40)), "test": [40, 41]},
+                                                                   {"train": list(range(50, 90)), "test": [90, 91]}]}))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert_run_refused("fedavg", [f"partition.from={split}", "split.fraction=0.5"], "split settings do not apply",
+                       out)

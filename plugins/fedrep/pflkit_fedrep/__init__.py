@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from pflkit.core import Algorithm, Param, make_optimizer, run_sgd
+from pflkit.core import Algorithm, ConfigError, Param, make_optimizer, run_sgd
 from pflkit.core.params import positive
 from pflkit_fedper import FedPerTrainer
 
@@ -55,6 +55,15 @@ class FedRepTrainer(FedPerTrainer):
         "body_epochs": Param(None, "local epochs of body-only training per round (default: train.local_epochs, "
                                    "whose default 1 is the paper's)", type=int, check=positive),
     }
+
+    @classmethod
+    def shared_keys(cls, model, hp):
+        # checked at start: a model whose body has no parameters (an MLP without hidden layers) leaves FedRep's body
+        # step nothing to train, and FedRep would be Local (the PCFL paper says so of its one-layer Adult MLP)
+        if not any(p.requires_grad for p in model.features.parameters()):
+            raise ConfigError(f"model: FedRep needs a body (features.*) with parameters; {type(model).__name__}'s "
+                              f"has none (an mlp with hidden=[]?): FedRep would be Local, run local instead")
+        return super().shared_keys(model, hp)
 
     def local_update(self) -> float:
         hp, cfg = self.ctx.hp, self.ctx.train_cfg

@@ -88,3 +88,9 @@ def test_quick_run_end_to_end(tmp_path):
     assert summary["client_failures"] == 0 and 0.0 <= summary["final"]["uniform"] <= 1.0
     rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if ln]
     assert any("clients/head_loss" in r for r in rows)
+
+
+def test_a_model_without_body_is_refused_at_start(tmp_path):
+    from pflkit.core.testing import assert_run_refused
+
+    assert_run_refused("fedrep", ["model.name=mlp", "model.hidden=[]"], "FedRep needs a body", tmp_path)
