@@ -152,8 +152,8 @@ class Communicator:
 def _device_of(fold: MeanFold) -> Any:
     """Where the folded replies' tensors were: their mean goes back there."""
     for ff in fold.folds.values():
-        if ff.sum is not None:
-            return ff.sum.device
+        if ff.acc:
+            return ff.acc[0].device
     return "cpu"
 
 

@@ -72,7 +72,7 @@ class ServerAggregator:
 
     # reply fields of which this strategy only needs the weighted mean (weights: ``reply_weight`` of each reply,
     # ``num_samples`` unless overridden) over the replying clients: streaming aggregation (core/fold.py). The
-    # communicator folds each accepted reply's field into a float64 running sum as it arrives and drops the upload;
+    # communicator folds each accepted reply's field into a running sum as it arrives and drops the upload;
     # every accepted reply then holds one shared ``state.WeightedMean`` in that field (``mean_of`` reads it). With
     # ``distributed.exact: false`` each rank folds its own clients and the ranks all-reduce the sums. Read from the
     # class that declares it only (``reduced_fields``).

@@ -203,10 +203,10 @@ def assert_workers_match_serial(algorithm: str, overrides: Optional[Dict[str, An
 
 
 def fold_tolerance(states: Sequence[Dict[str, Any]]) -> float:
-    """The bound within which streaming aggregation (core.fold: float64 sums, rounded once) and the all-replies
-    ``weighted_average`` (float32 accumulation of ``(w_i / W) x_i``) agree on K float32 states: each of the K
-    accumulation steps of the latter rounds once, so ``|stream - all| <= (K + 1) * 2**-23 * max_i |x_i|``
-    elementwise (the ``+ 1``: the fold's own final rounding)."""
+    """The bound within which streaming aggregation (core.fold: ``sum w_i x_i`` accumulated in float32, then
+    divided) and the all-replies ``weighted_average`` (float32 accumulation of ``(w_i / W) x_i``) agree on K float32
+    states, and within which either is the exact mean: each of K accumulation steps rounds once, so
+    ``|a - b| <= (K + 1) * 2**-23 * max_i |x_i|`` elementwise (the ``+ 1``: the final rounding)."""
     import torch
 
     biggest = max((float(v.detach().abs().max()) for s in states for v in s.values()

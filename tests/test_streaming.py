@@ -20,36 +20,51 @@ def _states(k, seed=0):
              "n": torch.tensor(i + 7)} for i in range(k)]
 
 
-def test_fold_is_the_float64_mean_rounded_once_and_close_to_weighted_average():
+def test_fold_is_the_weighted_mean_within_the_stated_bound_and_deterministic():
     states, weights = _states(25), [float(3 + 5 * i) for i in range(25)]
-    fold = MeanFold(("params",))
-    for cid, (s, w) in enumerate(zip(states, weights)):
-        rest, problem = fold.add(cid, {"params": s, "num_samples": w, "train_loss": 0.5})
-        assert problem is None and rest == {"params": None, "num_samples": w, "train_loss": 0.5}
-    mean = fold.means(torch.device("cpu"))["params"]
+
+    def fold_all():
+        fold = MeanFold(("params",))
+        for cid, (s, w) in enumerate(zip(states, weights)):
+            rest, problem = fold.add(cid, {"params": s, "num_samples": w, "train_loss": 0.5})
+            assert problem is None and rest == {"params": None, "num_samples": w, "train_loss": 0.5}
+        return fold.means(torch.device("cpu"))["params"]
+
+    mean = fold_all()
     assert mean.weight == sum(weights)
-    for k in ("w", "b"):  # float64 sum in client order, one rounding: exactly this
-        ref = sum(s[k].double() * w for s, w in zip(states, weights)) / sum(weights)
-        assert torch.equal(mean.state[k], ref.float())
+    assert all(torch.equal(mean.state[k], v) for k, v in fold_all().state.items())  # same order: same bits
     assert torch.equal(mean.state["n"], states[0]["n"])  # integer keys: the first client's, as weighted_average
     old = weighted_average(states, weights)
     tol = fold_tolerance(states)
-    diff = max(float((mean.state[k] - old[k]).abs().max()) for k in ("w", "b"))
-    assert 0 < diff <= tol  # not bit-identical (float32 accumulation vs float64), but within the stated bound
+    for k in ("w", "b"):
+        exact = sum(s[k].double() * w for s, w in zip(states, weights)) / sum(weights)
+        assert mean.state[k].dtype == torch.float32
+        assert float((mean.state[k].double() - exact).abs().max()) <= tol  # the true mean, within K roundings
+        assert float((mean.state[k] - old[k]).abs().max()) <= tol  # and the all-replies path's
+
+
+def test_half_precision_uploads_are_summed_in_float32():
+    states = [{"w": torch.full((3,), 1.0 + 2.0 ** -10, dtype=torch.float16)} for _ in range(3000)]
+    fold = MeanFold(("params",))
+    for cid, s in enumerate(states):
+        fold.add(cid, {"params": s, "num_samples": 1})
+    mean = fold.means(torch.device("cpu"))["params"].state["w"]
+    assert mean.dtype == torch.float16 and torch.equal(mean, states[0]["w"])  # a float16 sum would have stalled
 
 
 def test_fold_refuses_a_reply_it_cannot_fold_and_keeps_its_sums():
     a, b = _states(2)
     fold = MeanFold(("params",))
     assert fold.add(0, {"params": a, "num_samples": 4})[1] is None
-    before = fold.folds["params"].sum.clone()
+    before = [a.clone() for a in fold.folds["params"].acc]
     _, problem = fold.add(1, {"params": {"w": b["w"]}, "num_samples": 4})
     assert "other keys, shapes or dtypes than client 0" in problem
     _, problem = fold.add(2, {"params": [b["w"]], "num_samples": 4})
     assert "not a dict of tensors" in problem
     _, problem = fold.add(3, {"params": b})
     assert "num_samples" in problem
-    assert torch.equal(fold.folds["params"].sum, before) and fold.folds["params"].weight == 4
+    assert all(torch.equal(a, b) for a, b in zip(fold.folds["params"].acc, before))
+    assert fold.folds["params"].weight == 4
     uniform = MeanFold(("params",), weight_of=lambda reply: 1.0)  # a strategy's own weight needs no num_samples
     assert uniform.add(0, {"params": a})[1] is None
 

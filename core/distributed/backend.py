@@ -198,7 +198,7 @@ class DistributedBackend(ExecutionBackend):
         last = max(calls)
         rng = rng_state() if self.owner[last] == self.rank else None
         firsts = {f: (ff.first_cid, ff.layout, _to_portable(ff.ints)) for f, ff in fold.folds.items()
-                  if ff.sum is not None}
+                  if ff.folded}
         what = f"{self.phase}: calls to clients {_span(sorted(calls))}"
         gathered = self._all_gather((sent, rng, firsts), what)
         merged: Dict[int, Any] = {}
@@ -221,8 +221,8 @@ class DistributedBackend(ExecutionBackend):
             size = sum(math.prod(shape) for _, shape, dt in layout if dt.is_floating_point)
             device, group = self._reduce_on()
             mine_f = fold.folds[f]
-            local = mine_f.sum.to(device) if mine_f.sum is not None else torch.zeros(size, dtype=torch.float64,
-                                                                                      device=device)
+            local = mine_f.flat().to(device) if mine_f.folded else torch.zeros(size, dtype=torch.float64,
+                                                                                device=device)
             buf = torch.cat([local, torch.tensor([mine_f.weight], dtype=torch.float64, device=device)])
             self._guard(lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group), f"{what} (all-reduce)")
             ints = {k: _from_portable(v, self.device) for k, v in ints.items()}
