@@ -14,6 +14,9 @@ framework overhead, not accuracy. Run by hand (several minutes), not by CI:
     OMP_NUM_THREADS=1 python benchmarks/clients_memory.py --breakdown 1000   # what client data costs, by part
     OMP_NUM_THREADS=1 python benchmarks/clients_memory.py --server-store     # 1,000 FedAMP clients: the server
                                                                      # store with and without server.state_memory
+    OMP_NUM_THREADS=1 python benchmarks/clients_memory.py --streaming        # every client trains: uploads folded
+                                                                     # as they arrive vs all held; --quick:
+                                                                     # without the 1,000-client Ditto rows
 
 Columns: clients trained per round, peak RSS, its ratio to the same algorithm and model with 10 clients,
 median seconds per round after the first, the bytes of declared state per client, the bytes actually kept for
@@ -84,6 +87,10 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
         over["clients"] = {"state_memory": spec["budget"]}
     if spec.get("server_budget"):
         over["server"] = {"state_memory": spec["server_budget"]}
+    if spec.get("mlp17"):  # the 17 MB MLP (64-2048-2048-10) on the embedded digits, iid: what streaming is for
+        over.update({"dataset": {"name": "digits"}, "split": {"test_ratio": 0.25},
+                     "model": {"name": "mlp", "hidden": [2048, 2048]},
+                     "train": {"batch_size": 32, "local_epochs": 1, "lr": 0.05}})
     cfg = resolve([over], algorithm=spec["algorithm"])
 
     backend = None
@@ -96,6 +103,8 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=spec.get("tmp")) as tmp:
         run_dir = Path(tmp) / "run"
         sim = Simulation(cfg, run_dir=run_dir, tensorboard=False, backend=backend)
+        if spec.get("all_replies"):  # before streaming aggregation: every upload held until the aggregator combines
+            sim.comm.mean_fields = ()
         marks = [time.perf_counter()]
         result = sim.run(on_round=lambda record: marks.append(time.perf_counter()))
         rounds = [b - a for a, b in zip(marks, marks[1:])]
@@ -175,6 +184,39 @@ def server_store_settings(rounds: int) -> List[Dict[str, Any]]:
     return [amp, {**amp, "server_budget": "256MiB"}, {**amp, "server_budget": "256MiB", "budget": "256MiB"}]
 
 
+def streaming_settings(rounds: int, quick: bool = False) -> List[Dict[str, Any]]:
+    """FedAvg with the 17 MB MLP, every client training every round (10 and 100 clients), and the 1,000 all-train
+    Ditto clients (cnn4): each with the round's uploads folded as they arrive (streaming) and all held at once."""
+    out: List[Dict[str, Any]] = []
+    for n in (10, 100):
+        for all_replies in (False, True):
+            out.append({"model": "mlp 64-2048-2048-10", "algorithm": "fedavg", "clients": n, "rounds": rounds,
+                        "train": n, "mlp17": True, "all_replies": all_replies})
+    if quick:  # --streaming --quick: the FedAvg rows only
+        return out
+    everyone = {"model": "cnn4", "algorithm": "ditto", "clients": 1000, "rounds": 2, "train": 1000}
+    return out + [everyone, {**everyone, "all_replies": True}]
+
+
+def streaming_table(rows: List[Dict[str, Any]]) -> str:
+    setting = lambda r: (r["model"], r["algorithm"])
+    base = {setting(r): r["peak_rss"] for r in rows if r["clients"] == 10 and not r.get("all_replies")}
+    whole = {(setting(r), r["clients"]): r for r in rows if r.get("all_replies")}
+    head = ["model", "algorithm", "clients (all train)", "aggregation", "peak RSS", "x 10 clients streamed",
+            "s/round", "s/round vs all replies", "final accuracy"]
+    body = []
+    for r in rows:
+        b, w = base.get(setting(r)), whole.get((setting(r), r["clients"]))
+        body.append([r["model"], r["algorithm"], str(r["clients"]),
+                     "all replies" if r.get("all_replies") else "streaming", fmt_bytes(r["peak_rss"]),
+                     f"{r['peak_rss'] / b:.2f}" if b else "-", f"{r['round_seconds']:.2f}",
+                     "-" if r.get("all_replies") or not w else f"{r['round_seconds'] / w['round_seconds']:.2f}",
+                     f"{100 * r['final']:.2f}%"])
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(b) for b in body])
+
+
 def server_table(rows: List[Dict[str, Any]]) -> str:
     ref = {r["numbers_sha"] for r in rows if not r.get("server_budget") and not r.get("budget")}
     head = ["model", "algorithm", "clients", "trained/round", "server.state_memory", "clients.state_memory",
@@ -234,6 +276,9 @@ def main() -> None:
     ap.add_argument("--breakdown", type=int, metavar="N", help="only print what N clients' data cost, by part")
     ap.add_argument("--server-store", action="store_true", help="only the server-store rows: 1,000 FedAMP clients "
                                                                     "with and without server.state_memory")
+    ap.add_argument("--streaming", action="store_true", help="only the streaming-aggregation rows: FedAvg with a "
+                                                                 "17 MB MLP, 10 and 100 clients all training, and "
+                                                                 "1,000 all-train Ditto clients, streamed and not")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -244,8 +289,12 @@ def main() -> None:
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     rows = []
-    specs = server_store_settings(args.rounds) if args.server_store else settings(args.quick, args.legacy,
-                                                                                   args.rounds)
+    if args.streaming:
+        specs = streaming_settings(args.rounds, args.quick)
+    elif args.server_store:
+        specs = server_store_settings(args.rounds)
+    else:
+        specs = settings(args.quick, args.legacy, args.rounds)
     for spec in specs:
         t = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
@@ -254,9 +303,14 @@ def main() -> None:
             sys.exit(f"setting {spec} failed:\n{proc.stderr[-3000:]}")
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(f"  {spec} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
-    print(f"torch threads per process: 1; {TRAIN} train / {TEST} test samples per client, one local step; all "
-          f"clients evaluated every round; {args.rounds} rounds (the all-train rows: 2)")
-    print(server_table(rows) if args.server_store else table(rows))
+    if args.streaming:
+        print(f"torch threads per process: 1; FedAvg rows: the embedded digits, iid, every client trains every round "
+              f"(batch 32, one epoch), {args.rounds} rounds; Ditto rows: {TRAIN} train / {TEST} test CIFAR-shaped "
+              f"samples per client, 2 rounds; all clients evaluated every round")
+    else:
+        print(f"torch threads per process: 1; {TRAIN} train / {TEST} test samples per client, one local step; all "
+              f"clients evaluated every round; {args.rounds} rounds (the all-train rows: 2)")
+    print(streaming_table(rows) if args.streaming else server_table(rows) if args.server_store else table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
