@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import re
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -42,7 +43,9 @@ import numpy as np
 from .checkpoint import CHECKPOINT_NAME
 from .config import parse_sets, resolve, to_plain, without_neutral_defaults
 from .errors import CheckpointError, ConfigError
-from .rundata import read_config, read_records, read_summary
+from .rundata import (JSON_LIMIT, METRICS_LIMIT, METRICS_NAME, PLOT_LIMIT, finished_run_problem, read_json, read_config,
+                      read_records, read_summary)
+from .safefiles import read_regular, write_atomic
 
 log = logging.getLogger("pflkit")
 
@@ -80,7 +83,7 @@ def _finite(value: Any, default: Any) -> Any:
             value = float(value)
         except OverflowError:
             return default
-        if math.isfinite(value):
+        if math.isfinite(value) and abs(value) <= PLOT_LIMIT:  # a larger one is no metric: the file is damaged
             return value
     return default
 
@@ -95,11 +98,60 @@ def _has(summary: Mapping[str, Any], dotted: str) -> bool:
     return head in summary and (not tail or (isinstance(summary[head], dict) and tail in summary[head]))
 
 
-def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Optional[str]:
-    """What ``run_dir`` holds for ``cfg``: None (nothing), 'finished' (reuse it) or 'resume' (an interrupted run of
-    the same configuration with a checkpoint). Anything else is an error: it is never silently overwritten."""
-    if not run_dir.exists():
+VERIFIED_NAME = "verified.json"  # compare's record of a finished run's files (sha256), written as it finishes
+_VERIFIED_FILES = ("summary.json", METRICS_NAME)  # config.json is compared by meaning (neutral keys)
+
+
+def _file_digests(run_dir: Path) -> Dict[str, str]:
+    """sha256 of the files a reused run's numbers come from (read as untrusted data: regular files, bounded)."""
+    out = {}
+    for name in _VERIFIED_FILES:
+        limit = METRICS_LIMIT if name == METRICS_NAME else JSON_LIMIT
+        try:
+            out[name] = hashlib.sha256(read_regular(run_dir / name, limit)).hexdigest()
+        except FileNotFoundError:
+            out[name] = "absent"
+        except OSError as exc:
+            raise CheckpointError(f"{run_dir / name} cannot be read ({exc.strerror or exc})") from None
+    return out
+
+
+def record_verified(run_dir: Path) -> None:
+    """Write ``run_dir/verified.json``: the digests of a finished run's files, checked before it is reused."""
+    write_atomic(Path(run_dir) / VERIFIED_NAME, json.dumps({"sha256": _file_digests(Path(run_dir))}, indent=2))
+
+
+def _digest_problem(run_dir: Path) -> Optional[str]:
+    """Why ``run_dir``'s files differ from the digests recorded when it finished (None: they match, or none was
+    recorded -- a run finished before compare recorded them, verified by its numbers alone)."""
+    try:
+        recorded = read_json(run_dir / VERIFIED_NAME)
+    except CheckpointError as exc:
+        return f"{VERIFIED_NAME} is unreadable ({str(exc).split('; ')[0].split(': ')[-1]})"
+    if recorded is None:
         return None
+    digests = recorded.get("sha256")
+    if not isinstance(digests, dict):
+        return f"{VERIFIED_NAME} holds no digests"
+    now = _file_digests(run_dir)
+    for name in _VERIFIED_FILES:
+        if digests.get(name) != now[name]:
+            return f"{name} changed after the run finished (its sha256 differs from {VERIFIED_NAME})"
+    return None
+
+
+def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+    """What ``run_dir`` holds for ``cfg``, and why when it cannot be reused: (None, None) nothing; ('finished',
+    None) a verified finished run (reuse it); ('resume', None) an interrupted run of the same configuration with a
+    checkpoint; ('rerun', reason) a run of the same configuration that failed or whose files do not verify
+    (edited, truncated): it is moved aside and run again. Anything else is an error: it is never silently
+    overwritten.
+
+    Verified means: the summary says finished (no 'failed' status, all rounds), ``metrics.jsonl`` logs every round
+    and gives the summary's final and best numbers (``rundata.finished_run_problem``), and the files still have the
+    sha256 digests recorded when compare saw the run finish (``verified.json``, when there is one)."""
+    if not run_dir.exists():
+        return None, None
     try:
         # keys added since the run was made count as equal at their neutral values (config.NEUTRAL_DEFAULTS)
         same_config = without_neutral_defaults(read_config(run_dir)) == without_neutral_defaults(to_plain(cfg))
@@ -107,17 +159,43 @@ def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Optional[str]:
         same_config = False
     summary = read_summary(run_dir) if same_config else None  # a damaged summary is one line naming it
     if same_config:
-        if summary is not None and not summary.get("interrupted") \
+        failed = summary is not None and summary.get("status") == "failed"
+        if summary is not None and not failed and not summary.get("interrupted") \
                 and summary.get("rounds_completed") == cfg["rounds"]:
             missing = [k for k in _REUSED_FIELDS if not _has(summary, k)]
             if missing:
                 raise CheckpointError(f"{run_dir / 'summary.json'} lacks '{missing[0]}', which a finished run's "
                                       f"summary has; the file is damaged: remove {run_dir} to run it again")
-            return "finished"
+            problem = finished_run_problem(summary, read_records(run_dir / METRICS_NAME), int(cfg["rounds"]),
+                                           int(cfg["eval"]["final_k"])) or _digest_problem(run_dir)
+            return ("rerun", problem) if problem else ("finished", None)
         if (run_dir / CHECKPOINT_NAME).exists():
-            return "resume"
+            return "resume", None
+        if failed:
+            return "rerun", f"it failed ({_one_line(summary.get('reason')) or 'no reason recorded'})"
     raise CheckpointError(f"{run_dir} already exists and is neither a finished run nor a resumable checkpoint of "
                           f"the same configuration; remove it or choose another --out folder")
+
+
+def _one_line(text: Any, limit: int = 160) -> str:
+    line = str(text or "").strip().splitlines()[0] if str(text or "").strip() else ""
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _move_aside(run_dir: Path, out_dir: Path) -> Path:
+    """Move a run directory that is not reused to ``OUT/unverified/<name>[-n]`` (kept, never deleted)."""
+    aside = out_dir / "unverified"
+    try:
+        aside.mkdir(exist_ok=True)
+        for n in range(10_000):
+            dest = aside / (run_dir.name if n == 0 else f"{run_dir.name}-{n}")
+            if not os.path.lexists(dest):
+                os.rename(run_dir, dest)
+                return dest
+    except OSError as exc:
+        raise CheckpointError(f"cannot move {run_dir} aside to {aside} ({exc.strerror or exc}); remove it to run "
+                              f"it again") from None
+    raise CheckpointError(f"{aside} is full of earlier copies of {run_dir.name}; remove them")
 
 
 @dataclass(frozen=True)
@@ -356,9 +434,21 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
 
     # what each run directory holds, checked for every run before any training starts
     tasks = []
+    reruns = []
     for (entry, seed), cfg in plan.items():
         run_dir = runs_root / f"{entry.dir_name}-seed{seed}"
-        tasks.append((entry, seed, cfg, run_dir, _existing_run(run_dir, cfg)))
+        state, why = _existing_run(run_dir, cfg)
+        if state == "rerun":
+            reruns.append((run_dir, why))
+            state = None
+        tasks.append((entry, seed, cfg, run_dir, state))
+    for run_dir, why in reruns:  # only once every directory is known good: nothing moves before an error
+        dest = _move_aside(run_dir, out_dir)
+        line = f"{run_dir.name}: not reused, {why}; moved to {dest}, running it again"
+        if echo is not None:
+            echo(line)
+        else:
+            log.warning("compare: %s", line)
 
     summaries: Dict[Path, Dict[str, Any]] = {}
     failures: Dict[Path, str] = {}
@@ -367,10 +457,16 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
 
     def finished(run_dir: Path) -> None:
         reported[0] += 1
+        entry, seed, cfg, _, state = by_dir[run_dir]
+        run = _run_record(entry, seed, cfg, run_dir, summaries.get(run_dir), failures.get(run_dir))
+        run["reused"] = state == "finished"
+        if run["status"] == "finished" and (state != "finished" or not (run_dir / VERIFIED_NAME).exists()):
+            try:  # the digests a later comparison checks before reusing this run
+                record_verified(run_dir)
+            except (OSError, CheckpointError) as exc:
+                log.warning("compare: cannot record %s in %s (%s); the run is verified by its numbers when "
+                            "reused", VERIFIED_NAME, run_dir, exc)
         if echo is not None:
-            entry, seed, cfg, _, state = by_dir[run_dir]
-            run = _run_record(entry, seed, cfg, run_dir, summaries.get(run_dir), failures.get(run_dir))
-            run["reused"] = state == "finished"
             echo(progress_line(reported[0], len(tasks), run, run.get("metric") or "accuracy"))
 
     interrupted = False
@@ -527,49 +623,17 @@ def results_markdown(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _mean_band(curves: Sequence[Mapping[str, List[float]]], key: str):
-    """Mean and std over seeds on the rounds every seed evaluated."""
-    common = sorted(set.intersection(*(set(c["rounds"]) for c in curves))) if curves else []
-    if not common:
-        return [], np.array([]), np.array([])
-    stacked = np.array([[dict(zip(c["rounds"], c[key]))[r] for r in common] for c in curves], dtype=np.float64)
-    return common, stacked.mean(axis=0), stacked.std(axis=0)
-
-
 def plot_curves(results: Mapping[str, Any], path: Path) -> None:
-    """PNG with the uniform and weighted metric per round: one line per algorithm, std band over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    """PNG with the uniform and weighted metric per round: one line per algorithm, std band over seeds
+    (``runplot.grouped_figure``, the figure ``fl plot --group algorithm`` draws too)."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    from .runplot import band_alpha, legend_outside
+    from .runplot import grouped_figure, save_figure
 
-    metric = results["metric"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, key in zip(axes, ("uniform", "weighted")):
-        for i, algo in enumerate(results["algorithms"]):
-            runs = results["results"][algo]["runs"]
-            rounds, mean, std = _mean_band([r["curve"] for r in runs], key)
-            if not rounds:
-                continue
-            # line styles cycle too, so coinciding curves (e.g. FedProx with a tiny mu over FedAvg) stay visible
-            line, = ax.plot(rounds, mean, marker="o" if len(rounds) < 15 else None, markersize=3,
-                            linestyle=("-", "--", "-.", ":")[i % 4], label=f"{algo} (n={len(runs)})")
-            if len(runs) > 1:
-                ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), linewidth=0,
-                                alpha=band_alpha(len(results["algorithms"])))
-        ax.set_title(f"test {metric}, " + ("mean over clients" if key == "uniform" else "pooled over test samples"))
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel(metric)
-    legend_outside(axes[0], fontsize=8)  # below the axes, never over a curve (nothing when no run finished)
-    fig.suptitle(f"{results['dataset']}: mean over seeds {', '.join(map(str, results['seeds']))} "
-                 f"(band: std)", fontsize=10)
-    fig.tight_layout()
+    groups = [(algo, [r["curve"] for r in results["results"][algo]["runs"]]) for algo in results["algorithms"]]
+    fig = grouped_figure(groups, results["metric"], f"{results['dataset']}: mean over seeds "
+                                                    f"{', '.join(map(str, results['seeds']))} (band: std)")
     try:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        save_figure(fig, Path(path))
     finally:
         plt.close(fig)

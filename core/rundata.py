@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
+import numpy as np
+
 from . import strictjson
 from .errors import CheckpointError, ConfigError, did_you_mean
 from .safefiles import check_entry, read_regular, write_atomic
@@ -45,28 +47,50 @@ class RunData:
 
     @property
     def status(self) -> str:
-        """'finished', 'interrupted' (a summary says so, or fewer rounds than configured) or 'no summary' (still
-        running, killed, or failed)."""
+        """'finished', 'failed' (its summary says so), 'interrupted' (a summary says so, or fewer rounds than
+        configured) or 'no summary' (still running, killed, or failed before it could write one)."""
         if self.summary is None:
             return "no summary"
+        if self.summary.get("status") == "failed":
+            return "failed"
         done = self.summary.get("rounds_completed")
         if self.summary.get("interrupted") or done != self.config.get("rounds", done):
             return "interrupted"
         return "finished"
 
     def series(self, key: str) -> List[tuple]:
-        """(round, value) for every record holding a finite ``key``."""
+        """(round, value) for every record holding a finite ``key`` (null, NaN and Infinity count as absent: a run
+        logs them when its metric diverged). A finite value beyond ``PLOT_LIMIT`` in magnitude (no metric or loss
+        of a run is that large; the file is damaged) is a CheckpointError naming the file, round and key."""
         out = []
         for rec in self.records:
             value = rec.get(key)
             if _is_number(value):
                 try:
                     value = float(value)
-                except OverflowError:  # an integer beyond float range: not a plottable value
-                    continue
+                except OverflowError:  # an integer beyond float range
+                    value = math.inf if value > 0 else -math.inf
+                    finite_but_huge = True
+                else:
+                    finite_but_huge = math.isfinite(value) and abs(value) > PLOT_LIMIT
+                if finite_but_huge:
+                    raise CheckpointError(f"{self.path / METRICS_NAME}: round {rec['round']} has {_shown_key(key)} = "
+                                          f"{_shown_number_e(rec.get(key))}, beyond the {PLOT_LIMIT:.0e} a metric or "
+                                          f"loss can be; the file is damaged, restore it from a copy")
                 if math.isfinite(value):
                     out.append((rec["round"], value))
         return out
+
+
+def _shown_key(key: str, limit: int = 60) -> str:
+    return repr(key if len(key) <= limit else key[:limit] + "...")
+
+
+def _shown_number_e(value: Any) -> str:
+    """A number as a message shows it: floats in e-notation, huge integers by their digit count."""
+    if isinstance(value, int) and abs(value) >= 10 ** 20:  # str() of a 5,000-digit integer is refused by Python
+        return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+    return f"{float(value):.3g}"
 
 
 def _read_text(path: Path, limit: int) -> Optional[str]:
@@ -98,18 +122,28 @@ def _read_json(path: Path) -> Optional[Dict[str, Any]]:
     return data
 
 
+def read_json(path: Path) -> Optional[Dict[str, Any]]:
+    """A JSON object file of a run directory (None when absent), read as untrusted data as above."""
+    return _read_json(Path(path))
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+MAX_ROUND = 10 ** 9         # a round number beyond this is not one a run reached: the file is damaged
+PLOT_LIMIT = 1e100          # |value| a plotted number may have (a larger finite one overflows an axis' range)
+
+
 def _is_round(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ROUND
 
 
 # summary.json: the fields the commands read and what each must be (a number may be null: not evaluated)
 _SUMMARY_FIELDS = {"metric": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a name of 1-64 characters"),
                    "rounds_completed": (_is_round, "a round number"),
-                   "interrupted": (bool, "true or false"), "client_failures": (_is_number, "a number"),
+                   "interrupted": (bool, "true or false"),
+                   "status": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a name of 1-64 characters"), "client_failures": (_is_number, "a number"),
                    "bytes_up_total": (_is_number, "a number"), "bytes_down_total": (_is_number, "a number")}
 _SUMMARY_SECTIONS = ("final", "best", "best_weighted", "last")
 
@@ -143,6 +177,72 @@ def read_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
     return None if summary is None else check_summary(path, summary)
 
 
+def _same_number(a: Any, b: Any) -> bool:
+    """Two numbers from a summary and a re-derivation agree: both absent/non-finite, or equal to rounding."""
+    a = float(a) if _is_number(a) and math.isfinite(float(a)) else None
+    b = float(b) if _is_number(b) and math.isfinite(float(b)) else None
+    if a is None or b is None:
+        return a is b
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def _shown_number(value: Any) -> str:
+    return f"{value:.6g}" if _is_number(value) and math.isfinite(float(value)) else "none"
+
+
+def finished_run_problem(summary: Dict[str, Any], records: Sequence[Dict[str, Any]], rounds: int,
+                         final_k: int) -> Optional[str]:
+    """Why ``summary`` + ``records`` (a run's ``metrics.jsonl``) are not one complete, consistent finished run of
+    ``rounds`` rounds with ``eval.final_k = final_k``; None when they are.
+
+    Complete: the summary says finished (no 'failed' status, not interrupted, ``rounds`` completed) and the log
+    holds a record of every round 1..rounds. Consistent: the summary's final (mean of the last k evaluations) and
+    best numbers are what the logged evaluations give, as the run computed them (``evaluation.History``). A summary
+    edited by hand, or a log truncated or edited in the rounds these numbers come from, is caught here."""
+    status = summary.get("status")
+    if status is not None and status != "finished":
+        return f"its summary says status {_short_text(status)}"
+    if summary.get("interrupted"):
+        return "its summary says the run was interrupted"
+    if summary.get("rounds_completed") != rounds:
+        return f"its summary says {summary.get('rounds_completed')!r} of {rounds} rounds completed"
+    logged = {rec["round"] for rec in records}
+    missing = [r for r in range(1, rounds + 1) if r not in logged]
+    if missing:
+        return (f"{METRICS_NAME} lacks round {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1
+                                                             else "") + " (truncated?)")
+    if max(logged) != rounds:
+        return f"{METRICS_NAME} records round {max(logged)}, after the last round {rounds}"
+    metric = summary.get("metric")
+    evaluated = [rec for rec in records if rec["round"] >= 1 and f"{metric}/uniform" in rec]
+    value = lambda rec, key: (float(rec[key]) if _is_number(rec.get(key)) and  # noqa: E731
+                              math.isfinite(float(rec[key])) else math.nan)
+    final, best = summary.get("final") or {}, summary.get("best") or {}
+    k = min(int(final_k), len(evaluated))
+    derived = {"evaluations": len(evaluated), "final.k": k}
+    last = evaluated[len(evaluated) - k:] if k else []
+    for key in ("uniform", "weighted"):
+        vals = [value(rec, f"{metric}/{key}") for rec in last]
+        derived[f"final.{key}"] = float(np.mean(vals)) if vals else math.nan
+    uniform = [value(rec, f"{metric}/uniform") for rec in evaluated]
+    if uniform:  # as History.best: the first best value (numpy stops at a first NaN, so does this)
+        i = int(np.argmax(uniform) if summary.get("higher_is_better", True) is not False else np.argmin(uniform))
+        derived["best.uniform"], derived["best.round"] = uniform[i], evaluated[i]["round"]
+    stated = {"evaluations": summary.get("evaluations", len(evaluated)), "final.k": final.get("k"),
+              "final.uniform": final.get("uniform"), "final.weighted": final.get("weighted"),
+              "best.uniform": best.get("uniform"), "best.round": best.get("round")}
+    for key, want in derived.items():
+        if not _same_number(stated[key], want):
+            return (f"summary.json gives {key} {_shown_number(stated[key])}, {METRICS_NAME} gives "
+                    f"{_shown_number(want)} (edited?)")
+    return None
+
+
+def _short_text(value: Any, limit: int = 40) -> str:
+    text = str(value)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 def read_config(run_dir: Path) -> Optional[Dict[str, Any]]:
     """A run's ``config.json`` as plain data (None when absent)."""
     return _read_json(Path(run_dir) / "config.json")
@@ -167,7 +267,8 @@ def _parse_records(path: Path, text: str) -> List[Dict[str, Any]]:
                 continue
             raise CheckpointError(f"{path} line {lineno} is not JSON; the file is damaged") from None
         if not isinstance(rec, dict) or not _is_round(rec.get("round")):
-            raise CheckpointError(f"{path} line {lineno} is not a round record (no integer 'round' >= 0)")
+            raise CheckpointError(f"{path} line {lineno} is not a round record (no integer 'round' from 0 to "
+                                  f"{MAX_ROUND:,})")
         records.append(rec)
     # a resumed run truncates its log to the checkpoint; keep the last record of a round in any case
     by_round = {rec["round"]: rec for rec in records}

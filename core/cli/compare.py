@@ -1,6 +1,7 @@
 """``fl compare``: several algorithms on the same dataset, partition and seeds -> table + curves."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -9,6 +10,13 @@ import click
 from ..config import load_file, parse_sets
 from ..errors import ConfigError
 from .common import friendly_errors
+
+
+def _is_terminal() -> bool:
+    try:
+        return sys.stdout is not None and sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stdout
+        return False
 
 
 def _names(text: str, what: str) -> List[str]:
@@ -76,7 +84,9 @@ def _split_sets(sets: Tuple[str, ...]) -> Tuple[List[str], Dict[str, List[str]]]
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1),
               help="Runs at a time, each in its own process. Every run uses one torch thread, also with --jobs 1, so "
                    "the numbers do not depend on --jobs.")
-@click.option("--progress/--no-progress", default=True, help="Draw a progress bar per run (only with --jobs 1).")
+@click.option("--progress/--no-progress", default=True,
+              help="Draw a progress bar per run (only with --jobs 1 and when standard output is a terminal; "
+                   "otherwise one line per run as it ends).")
 @friendly_errors
 def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: Tuple[str, ...], out_dir: str,
                     jobs: int, progress: bool) -> None:
@@ -84,7 +94,10 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
 
     Finished runs of an identical configuration already in OUT/runs are reused and interrupted ones resumed, so
     rerunning the same command continues an interrupted comparison where it stopped. A line is printed as each run
-    ends. Only finished runs enter the table; when a run failed (its one-line reason is listed; the other runs go
+    ends (when standard output is not a terminal -- a log file, a pipe -- only that line: no per-round lines).
+    Before a finished run is reused its files are verified (summary.json agrees with metrics.jsonl, every round
+    logged, unchanged since it finished); one that does not verify, or that failed, is moved to OUT/unverified/ and
+    run again. Only finished runs enter the table; when a run failed (its one-line reason is listed; the other runs go
     on) or is incomplete, the exit status is 1 (after Ctrl-C: 130; bad input: 2).
     """
     from ..compare import run_comparison
@@ -99,7 +112,8 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
     algo_layers = {a: [parse_sets(items)] for a, items in per_algo.items()}
     click.echo(f"comparing {', '.join(algorithms)} over seeds {', '.join(map(str, seed_list))} -> {out_dir}"
                + (f" ({jobs} parallel jobs)" if jobs > 1 else ""))
-    results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress,
+    # a per-round bar or line only on a terminal: a log of N runs gets N lines, not N x rounds
+    results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress and _is_terminal(),
                              algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line))
     click.echo(Path(results["files"]["markdown"]).read_text())
     click.echo(f"table: {results['files']['markdown']}  (json: {results['files']['json']})\n"
