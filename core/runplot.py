@@ -4,12 +4,19 @@ clients) and weighted (pooled over test samples), with the across-client spread 
 Legends sit below the axes, never over the curves. Bands get lighter as runs are added (``band_alpha``)
 and each band's edges are drawn as thin lines of its run's colour, so overlapping bands of many runs stay
 distinguishable instead of adding up to one grey area.
+
+``grouped_figure`` draws runs grouped (by algorithm): one colour per group, the mean over its runs (seeds) with a
+std band -- the figure ``fl compare`` writes as ``curves.png`` and ``fl plot --group algorithm`` draws, one code
+path for both. Every accuracy axis shows percent (``metric_axis``), as every table prints it.
 """
 from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Sequence
+import math
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
 
 from .errors import ConfigError
 from .rundata import RunData, write_output
@@ -58,6 +65,102 @@ def legend_outside(ax: Any, fontsize: int = 7) -> None:
                   fontsize=fontsize, ncol=1 if max(map(len, labels)) > 60 else 2, frameon=False)
 
 
+def metric_axis(ax: Any, metric: str, label: bool = True) -> None:
+    """Label ``ax``'s y axis with the metric; accuracy (logged as a fraction) is shown in percent."""
+    if metric == "accuracy":
+        from matplotlib.ticker import PercentFormatter
+
+        ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    if label:
+        ax.set_ylabel("accuracy (%)" if metric == "accuracy" else metric)
+
+
+Curve = Mapping[str, List[float]]  # {"rounds": [...], "uniform": [...], "weighted": [...]}: one run's evaluations
+
+
+def mean_band(curves: Sequence[Curve], key: str) -> Tuple[List[int], np.ndarray, np.ndarray]:
+    """Mean and std over runs (seeds) of ``key`` on the rounds every run evaluated."""
+    common = sorted(set.intersection(*(set(c["rounds"]) for c in curves))) if curves else []
+    if not common:
+        return [], np.array([]), np.array([])
+    stacked = np.array([[dict(zip(c["rounds"], c[key]))[r] for r in common] for c in curves], dtype=np.float64)
+    return common, stacked.mean(axis=0), stacked.std(axis=0)
+
+
+def run_curve(run: RunData) -> Dict[str, List[float]]:
+    """A run directory's evaluations as a ``Curve`` (weighted NaN where a round logged only the uniform value)."""
+    uniform = run.series(f"{run.metric}/uniform")
+    weighted = dict(run.series(f"{run.metric}/weighted"))
+    return {"rounds": [r for r, _ in uniform], "uniform": [v for _, v in uniform],
+            "weighted": [weighted.get(r, math.nan) for r, _ in uniform]}
+
+
+def grouped_figure(groups: Sequence[Tuple[str, Sequence[Curve]]], metric: str, title: str) -> Any:
+    """The uniform (left) and weighted (right) metric per round, one line per group in one colour on both panels:
+    the mean over the group's runs, shaded band = std over them (population std, ddof=0) when it has several.
+    Legend labels are ``<group> (n=<runs>)``. Returns the figure (the caller saves and closes it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    alpha = band_alpha(sum(len(curves) > 1 for _, curves in groups))
+    for ax, key in zip(axes, ("uniform", "weighted")):
+        for i, (name, curves) in enumerate(groups):
+            rounds, mean, std = mean_band(curves, key)
+            if not rounds:
+                continue
+            color = f"C{i % 10}"
+            # line styles cycle too, so coinciding curves (e.g. FedProx with a tiny mu over FedAvg) stay visible
+            ax.plot(rounds, mean, color=color, marker="o" if len(rounds) < 15 else None, markersize=3,
+                    linestyle=("-", "--", "-.", ":")[i % 4], label=f"{name} (n={len(curves)})")
+            if len(curves) > 1:
+                ax.fill_between(rounds, mean - std, mean + std, color=color, linewidth=0, alpha=alpha)
+        ax.set_title(f"test {metric}, " + ("mean over clients" if key == "uniform" else "pooled over test samples"))
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    for ax in axes:
+        metric_axis(ax, metric, label=ax is axes[0])
+    legend_outside(axes[0], fontsize=8)  # below the axes, never over a curve (nothing when no run finished)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_groups(runs: Sequence[RunData], path: Path, group: str = "algorithm") -> int:
+    """``fl plot --group algorithm``: ``runs`` grouped by their config's algorithm (in first-seen order) and drawn
+    with ``grouped_figure`` into ``path``; the number of groups drawn."""
+    metric = _one_metric(runs)
+    groups: Dict[str, List[Dict[str, List[float]]]] = {}
+    for run in runs:
+        name = run.config.get(group) if isinstance(run.config.get(group), str) else None
+        groups.setdefault(name or f"{run.label} (no {group})", []).append(run_curve(run))
+    seeds = sorted({str(r.config.get("seed")) for r in runs if r.config.get("seed") is not None})
+    title = (f"mean over the runs of each {group}" + (f" (seeds {', '.join(seeds)})" if seeds else "")
+             + "; band: std over runs")
+    import matplotlib.pyplot as plt
+
+    fig = grouped_figure(list(groups.items()), metric, title)
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
+    return sum(bool(mean_band(c, "uniform")[0]) for c in groups.values())
+
+
+def _one_metric(runs: Sequence[RunData]) -> str:
+    metrics = {r.metric for r in runs}
+    if len(metrics) > 1:
+        raise ConfigError(f"the runs report different metrics ({', '.join(sorted(metrics))}); plot them separately")
+    metric = runs[0].metric
+    if not any(r.series(f"{metric}/uniform") for r in runs):
+        raise ConfigError(f"no run has an evaluated round yet ({metric}/uniform is in no metrics.jsonl record)")
+    return metric
+
+
 def save_figure(fig: Any, path: Path, option: str = "--out") -> None:
     """Render ``fig`` in memory (format from the extension), then write it whole: an unknown extension, a device
     such as /dev/full or a full disk is one line and leaves no half-written image."""
@@ -84,12 +187,7 @@ def plot_runs(runs: Sequence[RunData], path: Path, band: str = "p10-p90") -> int
 
     if band not in BANDS:
         raise ConfigError(f"--band {band!r}: choose one of {', '.join(BANDS)}")
-    metrics = {r.metric for r in runs}
-    if len(metrics) > 1:
-        raise ConfigError(f"the runs report different metrics ({', '.join(sorted(metrics))}); plot them separately")
-    metric = runs[0].metric
-    if not any(r.series(f"{metric}/uniform") for r in runs):
-        raise ConfigError(f"no run has an evaluated round yet ({metric}/uniform is in no metrics.jsonl record)")
+    metric = _one_metric(runs)
     fig, (ax_m, ax_l) = plt.subplots(1, 2, figsize=(12, 4.4))
     drawn = 0
     alpha = band_alpha(sum(bool(_band(r, metric, band)[0]) for r in runs))
@@ -120,7 +218,7 @@ def plot_runs(runs: Sequence[RunData], path: Path, band: str = "p10-p90") -> int
                  "none": ""}[band]
     ax_m.set_title(f"test {metric}: uniform (solid), weighted (dashed)"
                    + (f"\nband: {band_text} over clients" if band_text else ""), fontsize=10)
-    ax_m.set_ylabel(metric)
+    metric_axis(ax_m, metric)
     ax_l.set_title("loss: train (solid), test uniform (dotted)", fontsize=10)
     ax_l.set_ylabel("loss")
     for ax in (ax_m, ax_l):
