@@ -189,9 +189,26 @@ def refresh_all() -> None:
 
 
 def describe(obj: Any) -> str:
-    """First line of an object's docstring (used by ``fl list``)."""
+    """The first paragraph of an object's description or docstring, as one line (``fl list`` cuts it to the width,
+    marked '...'; ``fl show`` prints it whole). A paragraph, not a line, so a sentence that wraps onto the next line
+    is never cut in the middle; a first paragraph that ends in ':' introduces the next and takes it along."""
     doc = getattr(obj, "description", None) or getattr(obj, "__doc__", None) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    if not isinstance(doc, str):
+        return ""
+    paragraphs, current = [], []
+    for line in doc.strip().splitlines():
+        if line.strip():
+            current.append(line.strip())
+        elif current:
+            paragraphs.append(" ".join(current))
+            current = []
+    if current:
+        paragraphs.append(" ".join(current))
+    text = paragraphs[0] if paragraphs else ""
+    for more in paragraphs[1:2]:
+        if text.endswith(":"):
+            text = f"{text} {more}"
+    return text
 
 
 Loader = Callable[..., Any]

@@ -12,9 +12,10 @@ from .base import PROJECTION_PARAM, SplitModel, flat_size, split_model
 
 def lenet(input_shape: Sequence[int], num_classes: int, channels: list = None, hidden: list = None,
           projection_dim: int = 0) -> SplitModel:
-    """FedC2I Table 7, layer by layer:
+    """FedC2I's LeNet (Table 7): two unpadded 5x5 convolutions of 64 channels, each with ReLU and 2x2
+    max-pooling, then FC(384)-ReLU-FC(192)-ReLU and the FC(num_classes) classifier.
 
-    1 CONV(in, 64, k=5), ReLU; 2 MaxPool(2, 2); 3 CONV(64, 64, k=5), ReLU; 4 MaxPool(2, 2);
+    Layer by layer, as the table numbers them: 1 CONV(in, 64, k=5), ReLU; 2 MaxPool(2, 2); 3 CONV(64, 64, k=5), ReLU; 4 MaxPool(2, 2);
     5 FC(64*13*13, 384), ReLU; 6 FC(384, 192), ReLU; 8 FC(192, num_classes)  (the table has no row 7).
 
     Layers 1-6 are the feature extractor theta (feature_dim 192) and layer 8 the classifier phi. Convolutions are

@@ -29,27 +29,45 @@ def fit(line: str, width: int) -> str:
     return line if len(line) <= width else line[:width - 3].rstrip() + "..."
 
 
+# widest a column of ``fl list`` grows (a third-party plugin's 300-character name must not push every
+# description off the line); a longer entry is cut and ends in '...'
+COLUMN_LIMITS = {"name": 28, "dist": 24, "version": 12}
+
+
+def cell(text: str, width: int) -> str:
+    """``text`` padded to ``width``, or cut to it ending in '...' (the cut is marked, never silent)."""
+    text = str(text)
+    return text.ljust(width) if len(text) <= width else text[:max(0, width - 3)] + "..."
+
+
 @click.command("list")
 @click.argument("kind", required=False, type=click.Choice(sorted(reg.ALL_REGISTRIES)))
 def list_command(kind: Optional[str]) -> None:
     """List every discovered plugin with its distribution and version; report plugins that fail to load.
 
-    Each line is cut to the terminal's width (100 characters when the output is not a terminal); fl show NAME
+    Columns are aligned over the whole listing (name, distribution, version, description); each line is cut to
+    the terminal's width (100 characters when the output is not a terminal), a cut marked '...'; fl show NAME
     prints a component's whole description."""
     kinds = [kind] if kind else list(reg.ALL_REGISTRIES)
     width = line_width()
     failures = []
+    sections = []  # (kind, [(name, dist, version, description)])
     for k in kinds:
         registry = reg.ALL_REGISTRIES[k]
         failures += registry.load_all()
-        click.echo(f"{k}:")
-        for entry in registry.entries():
-            if entry.name in {f.name for f in registry.failures()}:
-                continue
-            click.echo(fit(f"  {entry.name:<16} {entry.dist} {entry.version:<8} {reg.describe(entry.obj)}", width))
+        failed = {f.name for f in registry.failures()}
+        rows = [(e.name, e.dist, e.version, reg.describe(e.obj)) for e in registry.entries() if e.name not in failed]
         for name, claimants in registry.conflicts().items():
-            who = ", ".join(f"{e.dist} {e.version}" for e in claimants)
-            click.echo(fit(f"  {name:<16} CONFLICT: claimed by {who}", width))
+            rows.append((name, "CONFLICT:", "", "claimed by " + ", ".join(f"{e.dist} {e.version}" for e in claimants)))
+        sections.append((k, rows))
+    every = [row for _, rows in sections for row in rows]
+    widths = [min(limit, max([len(str(row[i])) for row in every] + [1])) for i, limit in
+              enumerate(COLUMN_LIMITS.values())]
+    for k, rows in sections:
+        click.echo(f"{k}:")
+        for row in rows:
+            cells = [cell(value, w) for value, w in zip(row[:3], widths)]
+            click.echo(fit("  " + " ".join(cells) + " " + row[3], width).rstrip())
     if failures:
         click.echo("\nplugins that failed to load (the others above work):", err=True)
         for f in failures:
