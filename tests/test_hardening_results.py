@@ -13,7 +13,6 @@ from matplotlib.ticker import PercentFormatter
 
 from pflkit.core import registry as reg
 from pflkit.core import runplot
-from pflkit.core.cli.listing import cell
 from pflkit.core.cli.main import cli
 from pflkit.core.compare import run_comparison
 from pflkit.core.testing import TINY
@@ -86,7 +85,7 @@ def test_an_edited_summary_is_run_again_not_reused(comparison, digest):
     out, first = comparison
     run_dir = out / "runs" / "fedavg-seed0"
     if digest != "with verified.json":
-        (run_dir / "verified.json").unlink()  # caught by re-deriving the numbers from metrics.jsonl alone
+        (run_dir / "verified.json").unlink(missing_ok=True)  # caught by re-deriving the numbers from metrics.jsonl alone
     _edit_summary(run_dir, **{"final.uniform": 0.99, "best.uniform": 0.99})
     lines = []
     again = run_comparison(["fedavg", "local"], [0, 1], [TINY], out, echo=lines.append)
@@ -114,7 +113,7 @@ def test_an_edited_metrics_value_is_caught_by_the_recorded_digest(comparison):
 def test_a_truncated_metrics_log_is_run_again(comparison, cut):
     out, first = comparison
     run_dir = out / "runs" / "local-seed0"
-    (run_dir / "verified.json").unlink()  # as a run finished before digests were recorded
+    (run_dir / "verified.json").unlink(missing_ok=True)  # as a run finished before digests were recorded
     text = (run_dir / "metrics.jsonl").read_text().splitlines()
     (run_dir / "metrics.jsonl").write_text(text[0] + "\n" + (text[1][:40] if cut != "last record gone" else ""))
     lines = []
@@ -130,7 +129,7 @@ def test_a_run_whose_summary_says_failed_is_never_reused(comparison, rounds_done
     out, first = comparison
     run_dir = out / "runs" / "fedavg-seed1"
     (run_dir / "checkpoint.pt").unlink()  # a run that failed before its first checkpoint
-    (run_dir / "verified.json").unlink()
+    (run_dir / "verified.json").unlink(missing_ok=True)
     _edit_summary(run_dir, status="failed", reason="RunFailure: every selected client failed in round 2",
                   rounds_completed=rounds_done)
     lines = []
@@ -253,6 +252,8 @@ def test_fl_list_columns_are_aligned():
 
 
 def test_an_over_long_cell_is_cut_with_a_mark():
+    from pflkit.core.cli.listing import cell
+
     assert cell("fedavg", 10) == "fedavg    "
     cut = cell("x" * 300, 28)
     assert len(cut) == 28 and cut.endswith("...")
