@@ -59,21 +59,19 @@ class RunData:
         return "finished"
 
     def series(self, key: str) -> List[tuple]:
-        """(round, value) for every record holding a finite ``key`` (null, NaN and Infinity count as absent: a run
-        logs them when its metric diverged). A finite value beyond ``PLOT_LIMIT`` in magnitude (no metric or loss
-        of a run is that large; the file is damaged) is a CheckpointError naming the file, round and key."""
+        """(round, value) for every record holding a finite ``key`` (null, NaN, Infinity and an integer beyond float
+        range count as absent: a run logs the first three when its metric diverged). A float beyond ``PLOT_LIMIT``
+        in magnitude (no metric or loss of a run is that large, and it would overflow the axis range; the file is
+        damaged) is a CheckpointError naming the file, round and key."""
         out = []
         for rec in self.records:
             value = rec.get(key)
             if _is_number(value):
                 try:
                     value = float(value)
-                except OverflowError:  # an integer beyond float range
-                    value = math.inf if value > 0 else -math.inf
-                    finite_but_huge = True
-                else:
-                    finite_but_huge = math.isfinite(value) and abs(value) > PLOT_LIMIT
-                if finite_but_huge:
+                except OverflowError:  # an integer beyond float range: no point of the curve, as a string is
+                    continue
+                if math.isfinite(value) and abs(value) > PLOT_LIMIT:
                     raise CheckpointError(f"{self.path / METRICS_NAME}: round {rec['round']} has {_shown_key(key)} = "
                                           f"{_shown_number_e(rec.get(key))}, beyond the {PLOT_LIMIT:.0e} a metric or "
                                           f"loss can be; the file is damaged, restore it from a copy")
@@ -87,9 +85,7 @@ def _shown_key(key: str, limit: int = 60) -> str:
 
 
 def _shown_number_e(value: Any) -> str:
-    """A number as a message shows it: floats in e-notation, huge integers by their digit count."""
-    if isinstance(value, int) and abs(value) >= 10 ** 20:  # str() of a 5,000-digit integer is refused by Python
-        return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+    """A number as a message shows it: in e-notation (an integer here is within float range)."""
     return f"{float(value):.3g}"
 
 

@@ -222,8 +222,9 @@ HUGE = [
     ("round 10**400", lambda r: r[1].update({"round": 10 ** 400}), "line 2 is not a round record", "run"),
     ("round 10**400, grouped", lambda r: r[1].update({"round": 10 ** 400}), "line 2 is not a round record",
      "algorithm"),
-    ("loss 10**400", lambda r: r[1].update({"train_loss": 10 ** 400}),
-     "'train_loss' = an integer of about 401 digits", "run"),
+    ("loss 1e300", lambda r: r[1].update({"train_loss": 1e300}), "round 2 has 'train_loss' = 1e+300", "run"),
+    ("accuracy 10**200", lambda r: r[1].update({"accuracy/weighted": 10 ** 200}),
+     "round 2 has 'accuracy/weighted' = 1e+200", "algorithm"),
 ]
 
 
