@@ -169,6 +169,8 @@ def figures(monkeypatch):
 def test_plot_group_algorithm_is_one_colour_and_one_band_per_algorithm(finished, tmp_path, figures):
     out, results = finished
     runs = sorted((out / "runs").iterdir())  # fedavg-seed0, fedavg-seed1, local-seed0, local-seed1
+    ungrouped = fl("plot", *runs, "--out", tmp_path / "u.png")  # four colours for two algorithms: says so
+    assert ungrouped.exit_code == 0 and "note: 4 runs of 2 algorithm(s); --group algorithm" in ungrouped.output
     res = fl("plot", *runs, "--group", "algorithm", "--out", tmp_path / "g.png")
     assert res.exit_code == 0, res.output
     assert "2 algorithm(s) from 4 run(s)" in res.output and (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"

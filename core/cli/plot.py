@@ -37,6 +37,10 @@ def plot_command(run_dirs: Tuple[str, ...], out: str, band: str, group: str) -> 
     else:
         drawn = plot_runs(runs, Path(out), band=band)
         click.echo(f"{out}: {drawn} run(s), {runs[0].metric} and loss per round")
+        algorithms = {r.config.get("algorithm") for r in runs if isinstance(r.config.get("algorithm"), str)}
+        if len(algorithms) < len(runs) and len(runs) > 2:  # e.g. the seeds of a comparison: one colour each
+            click.echo(f"note: {len(runs)} runs of {len(algorithms)} algorithm(s); --group algorithm draws one "
+                       f"colour per algorithm, the mean over its runs with a std band")
     for run in runs:
         if run.status != "finished":
             click.echo(f"note: {run.label} is not finished ({run.status}, {run.records[-1]['round']} rounds logged)")
