@@ -20,9 +20,11 @@ Only finished runs enter the statistics. A run that fails (its one-line reason i
 others; failed, interrupted and never-started runs are listed with their round counts under ``not_in_table``.
 
 Std over seeds is the population std (numpy's default, ddof=0), as PFLlib reports it. A run directory that already
-holds a finished run with the identical configuration is reused instead of rerun, and an interrupted one (Ctrl-C
-leaves a checkpoint) is resumed, so an interrupted or extended comparison picks up where it stopped; a run
-directory of a different configuration is an error.
+holds a finished run with the identical configuration is reused instead of rerun once its files verify (see
+``_existing_run``: finished status, every round logged, summary numbers re-derived from ``metrics.jsonl``, the
+sha256 digests of ``verified.json``), and an interrupted one (Ctrl-C leaves a checkpoint) is resumed, so an
+interrupted or extended comparison picks up where it stopped. A run that does not verify or that failed is moved
+to ``out_dir/unverified/`` and run again; a run directory of a different configuration is an error.
 """
 from __future__ import annotations
 
