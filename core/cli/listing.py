@@ -58,7 +58,8 @@ def list_command(kind: Optional[str]) -> None:
         failed = {f.name for f in registry.failures()}
         rows = [(e.name, e.dist, e.version, reg.describe(e.obj)) for e in registry.entries() if e.name not in failed]
         for name, claimants in registry.conflicts().items():
-            rows.append((name, "CONFLICT:", "", "claimed by " + ", ".join(f"{e.dist} {e.version}" for e in claimants)))
+            who = ", ".join(f"{e.dist} {e.version}" for e in claimants)
+            rows.append((name, "CONFLICT:", "", f"claimed by {who}"))
         sections.append((k, rows))
     every = [row for _, rows in sections for row in rows]
     widths = [min(limit, max([len(str(row[i])) for row in every] + [1])) for i, limit in
