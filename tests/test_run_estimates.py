@@ -194,3 +194,22 @@ def test_ctrl_c_in_a_round_speaks_of_the_round(blocks, tmp_path):
         on_round=lambda rec: os.kill(os.getpid(), signal.SIGINT) if rec["round"] == 1 else None)
     assert out["interrupted"] and out["rounds_completed"] == 1
     assert "interrupt: finishing this round, writing a checkpoint" in (tmp_path / "r" / "run.log").read_text()
+
+
+class OnceAggregator(FedAvgAggregator):
+    """A set-up in one piece (``setup``, not resumable) during which Ctrl-C is typed."""
+
+    def setup(self, comm):
+        comm.send({c: Message("probe") for c in comm.client_ids})
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_during_a_set_up_in_one_piece_says_it_cannot_pause(registries_snapshot, tmp_path):
+    reg = registries_snapshot
+    reg.TRAINERS.register("probe-once", ProbeTrainer)
+    reg.AGGREGATORS.register("once-est", OnceAggregator)
+    reg.ALGORITHMS.register("once-est", Algorithm(trainer="probe-once", aggregator="once-est"))
+    out = Simulation(tiny_config("once-est", sets=("rounds=3",)), run_dir=tmp_path / "o", tensorboard=False).run()
+    assert out["interrupted"] and out["rounds_completed"] == 1  # as the message says: set-up, round 1, stop
+    assert "interrupt: this set-up cannot pause part-way: finishing it and round 1" in \
+        (tmp_path / "o" / "run.log").read_text()
