@@ -7,9 +7,10 @@ import json
 import logging
 import math
 import sys
-from datetime import datetime
+import time
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -129,6 +130,70 @@ def round_line(record: Dict[str, Any], total: int, metric: str, seconds: float) 
     return "  ".join(parts)
 
 
+# Time estimates ----------------------------------------------------------------------------------------------
+ESTIMATE_MIN_SECONDS = 30.0  # an estimate is printed only when what is left takes longer: short runs stay quiet
+
+
+def _clock() -> float:
+    """The reporter's time source for set-up estimates (a module function, so tests can replace it)."""
+    return time.monotonic()
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``8 min 40 s``, ``2 h 31 min``: a duration as a person reads it."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+    return f"{s // 3600} h {(s % 3600) // 60} min"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def evaluations_after(rnd: int, total: int, every: int) -> int:
+    """How many of rounds rnd+1 .. total are evaluated (every ``every``-th round, and always the last)."""
+    if rnd >= total:
+        return 0
+    every = max(1, int(every))
+    return total // every - rnd // every + (1 if total % every else 0)
+
+
+def setup_estimate_line(seconds: float, units: int, done: int, total: int) -> Optional[str]:
+    """The set-up estimate after a measured block of ``units`` units (``done`` of ``total`` now), or None when what
+    is left is shorter than ``ESTIMATE_MIN_SECONDS``."""
+    left = seconds / units * (total - done)
+    if left < ESTIMATE_MIN_SECONDS:
+        return None
+    return (f"set-up: about {duration(left)} left, estimated from {units} of its {total} steps in "
+            f"{duration(seconds)}; the rounds' time is estimated after round 1")
+
+
+def run_estimate_line(record: Dict[str, Any], seconds: float, total: int, eval_every: int,
+                      now: Optional[datetime] = None) -> Optional[str]:
+    """The rest of the run estimated from one round (``seconds``, evaluation included when the round was evaluated:
+    ``record['eval_seconds']``): its training time for each remaining round plus its evaluation time for each
+    remaining evaluation. None when fewer than ``ESTIMATE_MIN_SECONDS`` are left."""
+    rnd = record.get("round")
+    if not isinstance(rnd, int) or rnd >= total:
+        return None
+    rounds_left, evals_left = total - rnd, evaluations_after(rnd, total, eval_every)
+    eval_s = record.get("eval_seconds")
+    if isinstance(eval_s, (int, float)) and math.isfinite(eval_s):
+        train_s = max(0.0, seconds - eval_s)
+        left = train_s * rounds_left + eval_s * evals_left
+        how = f"{train_s:.1f} s a round + {_count(evals_left, 'evaluation')} of {eval_s:.1f} s"
+    else:  # this round was not evaluated: its time is the training alone
+        left = seconds * rounds_left
+        how = f"{seconds:.1f} s a round + {_count(evals_left, 'evaluation')} not timed yet"
+    if left < ESTIMATE_MIN_SECONDS:
+        return None
+    end = (now or datetime.now()) + timedelta(seconds=left)
+    return f"estimate: {_count(rounds_left, 'more round')}, about {duration(left)} ({how}); done around {end:%H:%M}"
+
+
 class _RunLogHandler(logging.Handler):
     def __init__(self, sink: "RoundReporter"):
         super().__init__(level=logging.WARNING)
@@ -157,12 +222,24 @@ class RoundReporter:
 
     While the bar is drawn, log records and Python warnings are written above it instead of through it.
     ``console=False`` (``--no-progress``) keeps the console quiet; run.log is still written.
+
+    Time estimates, one line each and once per start, where the lines go: after the first measured block of a
+    set-up that reports its progress (``SetupStep`` with ``done``/``total``), the set-up time left; after the first
+    round of this start, the rest of the run (``run_estimate_line``, with ``eval_every`` the evaluation cadence).
+    Either is printed only when it exceeds ``ESTIMATE_MIN_SECONDS``.
     """
 
-    def __init__(self, run_dir: Path, total: int, initial: int, desc: str, metric: str, console: bool = True):
+    def __init__(self, run_dir: Path, total: int, initial: int, desc: str, metric: str, console: bool = True,
+                 eval_every: int = 1):
         self.run_dir = Path(run_dir)
         self.total, self.initial, self.desc, self.metric = total, initial, desc, metric
+        self.eval_every = eval_every
         self.console = console
+        # set-up timing: (time, units done) where the measured block starts; None until set-up starts, and the
+        # units None while unknown (a set-up resumed part-way: the first step only marks where it stands)
+        self._setup_mark: Optional[Tuple[float, Optional[int]]] = None
+        self._setup_estimated = False
+        self._run_estimated = False
         self.bar = None
         # lines whenever stdout is not a terminal, and also when no bar can be drawn (stderr redirected)
         self.lines = console and (not _isatty(sys.stdout) or not _isatty(sys.stderr))
@@ -207,22 +284,45 @@ class RoundReporter:
         """A line for run.log only (run start, resume, end)."""
         self.write_log(text)
 
+    def setup_started(self, fresh: bool = True) -> None:
+        """Set-up begins now: with ``fresh`` from nothing (the first step's block is measured from here), else
+        resumed part-way (the first step only marks the start of the measured block)."""
+        self._setup_mark = (_clock(), 0 if fresh else None)
+
     def setup_step(self, text: str, done: Optional[int] = None, total: Optional[int] = None) -> None:
         """One resumable set-up step (round 0: e.g. a block of pre-training steps and its losses): a line in
-        run.log and on the console; with ``done``/``total`` the bar counts set-up units until the rounds start."""
-        line = f"set-up: {text}"
+        run.log and on the console; with ``done``/``total`` the bar counts set-up units until the rounds start,
+        and the first measured block gives the estimate of the set-up time left."""
+        if self.console and self.bar is not None and done is not None and total:
+            if not self._bar_in_setup:  # the rounds' bar counts set-up until it ends
+                self._bar_in_setup = True
+                self.bar.unit = "step"
+                self.bar.reset(total=total)
+                self.bar.set_description(f"{self.desc} set-up")
+            self.bar.n = done
+            self.bar.refresh()
+        self._say(f"set-up: {text}")
+        estimate = self._setup_estimate(done, total)
+        if estimate is not None:
+            self._say(estimate)
+
+    def _setup_estimate(self, done: Optional[int], total: Optional[int]) -> Optional[str]:
+        if self._setup_estimated or self._setup_mark is None or done is None or not total:
+            return None
+        start, start_done = self._setup_mark
+        now = _clock()
+        if start_done is None or done <= start_done:  # where a resumed set-up stands: measure from here
+            self._setup_mark = (now, done)
+            return None
+        self._setup_estimated = True
+        return setup_estimate_line(now - start, done - start_done, done, total)
+
+    def _say(self, line: str) -> None:
+        """A line for run.log and the console (above the bar when there is one)."""
         self.write_log(line)
         if not self.console:
             return
         if self.bar is not None:
-            if done is not None and total:
-                if not self._bar_in_setup:  # the rounds' bar counts set-up until it ends
-                    self._bar_in_setup = True
-                    self.bar.unit = "step"
-                    self.bar.reset(total=total)
-                    self.bar.set_description(f"{self.desc} set-up")
-                self.bar.n = done
-                self.bar.refresh()
             self.bar.write(line, file=sys.stdout if self.lines else sys.stderr)
         else:
             print(line, file=sys.stdout, flush=True)
@@ -247,6 +347,11 @@ class RoundReporter:
                 self.bar.write(line, file=sys.stdout)
             else:
                 print(line, file=sys.stdout, flush=True)
+        if not self._run_estimated:  # the first round of this start
+            self._run_estimated = True
+            estimate = run_estimate_line(record, seconds, self.total, self.eval_every)
+            if estimate is not None:
+                self._say(estimate)
 
 
 def _isatty(stream: Any) -> bool:

@@ -41,10 +41,19 @@ class RunFailure(PflError):
 
 
 class _GracefulInterrupt:
-    """First Ctrl-C: finish the current round, checkpoint, stop. Second Ctrl-C: stop at once."""
+    """First Ctrl-C: finish the current round (or set-up step), checkpoint, stop. Second Ctrl-C: stop at once."""
+
+    # what the first Ctrl-C waits for, by phase (``phase``: set by the loop as it goes)
+    MESSAGES = {
+        "round": "finishing this round, writing a checkpoint, then stopping",
+        "setup-steps": "finishing this set-up step, writing a checkpoint, then stopping; --resume continues the "
+                       "set-up",
+        "setup": "this set-up cannot pause part-way: finishing it and round 1, writing a checkpoint, then stopping",
+    }
 
     def __init__(self) -> None:
         self.requested = False
+        self.phase = "round"
         self._old = None
 
     def __enter__(self):
@@ -58,7 +67,7 @@ class _GracefulInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("interrupt: finishing this round, writing a checkpoint, then stopping (Ctrl-C again to abort)")
+        log.warning(f"interrupt: {self.MESSAGES[self.phase]} (Ctrl-C again to abort)")
 
     def __exit__(self, *exc):
         if self._old is not None:
@@ -98,7 +107,7 @@ class RoundLoop:
         cfg = self.cfg
         reporter = (RoundReporter if self.is_writer else SilentReporter)(
             self.run_dir, cfg.rounds, self.completed_round, f"{cfg.algorithm}", self.task.metric_name,
-            console=self.progress)
+            console=self.progress, eval_every=cfg.eval.every)
         interrupted = False
         failed = True
         try:
@@ -154,6 +163,8 @@ class RoundLoop:
         self.comm.begin_round(0)
         self.comm._calls = self.setup_calls
         steps_fn = getattr(self.server, "setup_steps", None)
+        stop.phase = "setup-steps" if callable(steps_fn) else "setup"
+        reporter.setup_started(fresh=self.setup_calls == 0)  # set-up resumed part-way has sent messages already
         if not callable(steps_fn):
             self.server.setup(self.channel)
         else:
@@ -170,6 +181,7 @@ class RoundLoop:
                     return False
         self._take_setup_traffic()
         self.setup_done = True
+        stop.phase = "round"
         reporter.setup_finished()
         return True
 

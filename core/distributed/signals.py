@@ -3,7 +3,8 @@
 The workers run in their own process group, so a Ctrl-C typed in the terminal reaches the launcher only; the
 launcher forwards each Ctrl-C to every worker and notes it in its folder first, so a worker that was still
 starting (it ignores SIGINT until its handler is in place) reads the note and stops too. First Ctrl-C: the run
-finishes its round, checkpoints and stops; second: it stops at once; third: the launcher kills the workers.
+finishes its round (during set-up: its set-up step), checkpoints and stops; second: it stops at once; third: the
+launcher kills the workers.
 
 A worker stops at once, quietly and keeping the last checkpoint, on SIGTERM (the launcher's ``ProcessContext``
 sends it to the others after one failed) and when its launcher dies (SIGKILL included): the kernel sends SIGTERM
@@ -70,7 +71,8 @@ def _die_with_parent() -> None:
 
 def install_worker_handlers(launcher_pid: int, status_dir: Optional[str]) -> None:
     """In a spawned worker, before any work: SIGINT raises KeyboardInterrupt (the simulation turns the first into
-    'finish the round'), SIGTERM raises ``Terminated``, and the launcher's death stops this process."""
+    'finish the round' or, during set-up, 'finish the set-up step'), SIGTERM raises ``Terminated``, and the
+    launcher's death stops this process."""
     def gone() -> bool:
         return os.getppid() != launcher_pid
 
