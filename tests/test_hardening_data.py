@@ -29,8 +29,8 @@ from click.testing import CliRunner
 from pflkit.core import datasources
 from pflkit.core import registry as reg
 from pflkit.core.cli.main import cli
-from pflkit.core.data import ROOT_RULE, dataset_root
-from pflkit.core.datasources import clean_leftovers, sha256_of
+from pflkit.core import data as core_data
+from pflkit.core.datasources import sha256_of
 from pflkit.core.errors import DataError
 
 FL = str(Path(sys.executable).with_name("fl"))
@@ -205,7 +205,7 @@ def test_adult_missing_names_adult_and_its_install_command(tmp_path, monkeypatch
         loader()
     msg = str(err.value)
     assert msg.startswith("dataset 'adult'") and "`fl data install adult`" in msg and "'csv'" not in msg
-    assert ROOT_RULE in msg
+    assert core_data.ROOT_RULE in msg
     with pytest.raises(DataError, match=r"fl data install adult --root r`"):
         loader(root="r")
     assert list(tmp_path.iterdir()) == []
@@ -230,21 +230,21 @@ def test_adult_reads_every_relative_root(tmp_path, monkeypatch):
 def test_one_dataset_root_rule_everywhere(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PFLKIT_DATA", raising=False)
-    assert dataset_root(None) == Path("data") and dataset_root("x") == Path("x")
+    assert core_data.dataset_root(None) == Path("data") and core_data.dataset_root("x") == Path("x")
     monkeypatch.setenv("PFLKIT_DATA", "")  # empty is unset: never the current folder by accident
-    assert dataset_root(None) == Path("data")
+    assert core_data.dataset_root(None) == Path("data")
     monkeypatch.setenv("PFLKIT_DATA", "env-root")
-    assert dataset_root(None) == Path("env-root") and dataset_root("given") == Path("given")
+    assert core_data.dataset_root(None) == Path("env-root") and core_data.dataset_root("given") == Path("given")
     show = fl("show", "core")
-    assert show.exit_code == 0 and ROOT_RULE in show.output
-    assert ROOT_RULE in " ".join(fl("data", "install", "--help").output.split())
-    assert ROOT_RULE in " ".join(fl("data", "list", "--help").output.split())
+    assert show.exit_code == 0 and core_data.ROOT_RULE in show.output
+    assert core_data.ROOT_RULE in " ".join(fl("data", "install", "--help").output.split())
+    assert core_data.ROOT_RULE in " ".join(fl("data", "list", "--help").output.split())
     monkeypatch.delenv("PFLKIT_DATA")
     for name in ("cifar10", "cifar100", "fmnist", "mnist", "emnist", "svhn", "tiny_imagenet", "shakespeare",
                  "adult", "digit5"):
         with pytest.raises(DataError) as err:
             reg.DATASETS.get(name)()
-        assert "dataset.root 'data' (unset: " + ROOT_RULE + ")" in str(err.value), name
+        assert "dataset.root 'data' (unset: " + core_data.ROOT_RULE + ")" in str(err.value), name
         assert "\n" not in str(err.value), name
     assert list(tmp_path.iterdir()) == []  # no loader made a folder
 
@@ -261,7 +261,7 @@ def test_empty_pflkit_data_installs_into_data_not_the_current_folder(tmp_path, m
     assert sorted(p.name for p in work.iterdir()) == ["data"] and (work / "data" / "adult" / "adult.data").is_file()
     assert len(reg.DATASETS.get("adult")().y) == 600  # and the loader reads it with the same rule
     assert one_error_line(fl("data", "install", "adult", "--root", "")).endswith(
-        f"--root: empty; leave it out for the default ({ROOT_RULE})")
+        f"--root: empty; leave it out for the default ({core_data.ROOT_RULE})")
 
 
 # datasets missing offline: one line, quickly, nothing made -----------------------------------------------------
@@ -431,7 +431,7 @@ def test_leftovers_of_live_or_foreign_installs_are_left_alone(tmp_path):
     for p in (live, killed, foreign, unnamed, download):
         (p / "sub").mkdir(parents=True)
         (p / "sub" / "f").write_text("x")
-    removed = clean_leftovers(tmp_path, temp)
+    removed = datasources.clean_leftovers(tmp_path, temp)
     assert sorted(removed) == sorted([killed, download])
     assert live.exists() and foreign.exists() and unnamed.exists()
 
