@@ -305,7 +305,7 @@ def installed_problem(source: PackageSource, folder: Path) -> Optional[str]:
         if not path.is_file() or path.is_symlink():
             return f"lacks {name}, which fl data install put there"
         if sha256_of(path) != digest:
-            return f"has a {name} that differs from the one fl data install put there (SHA-256)"
+            return f"holds a changed {name} (its SHA-256 differs from the one fl data install recorded)"
     absent = [f for f in source.required if f not in files and f + ".gz" not in files]
     if absent:
         return f"has an install record without {', '.join(absent)}"

@@ -168,7 +168,7 @@ def load_adult(root: Optional[str] = None, download: bool = False, path: str = "
         candidates = [base / file, base / ADULT.folder / file]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
-            raise DataError(f"dataset 'adult': {path} is in neither {candidates[1].parent} nor {base} "
+            raise DataError(f"dataset 'adult': {path} does not exist in {candidates[1].parent} or {base} "
                             f"({root_words(root)}); get it with `{install_command('adult', root)}`, or set "
                             f"dataset.path to the file")
         file = found.absolute()

