@@ -125,8 +125,8 @@ CORE_SCHEMA: Dict[str, Any] = {
 COMPONENT_SECTIONS: Dict[str, Tuple[reg.Registry, ParamSpec]] = {
     "dataset": (reg.DATASETS, {
         "name": Param("digits", "dataset name (fl list datasets)"),
-        "root": Param(None, "folder holding downloaded files (offline use)", type=str),
-        "download": Param(True, "download missing files when online"),
+        "root": Param(None, "folder of the data files (unset: $PFLKIT_DATA if not empty, else ./data)", type=str),
+        "download": Param(False, "true: download missing files from the dataset's site (needs internet)"),
     }),
     "partition": (reg.PARTITIONERS, {
         "name": Param("dirichlet", "partitioner name (fl list partitioners)"),

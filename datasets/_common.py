@@ -11,16 +11,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pflkit.core.data import dataset_root, root_words
 from pflkit.core.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def data_root(root: Optional[str]) -> Path:
-    """``dataset.root``, else ``$PFLKIT_DATA``, else ``./data``."""
-    if root is None:
-        root = os.environ.get("PFLKIT_DATA", "data")
-    return Path(root).expanduser()
+    """``dataset.root`` resolved by the core's one rule (pflkit.core.data.dataset_root)."""
+    return dataset_root(root)
+
+
+def install_command(dataset: str, root: Optional[str]) -> str:
+    """The ``fl data install`` command that puts ``dataset``'s files where a loader given ``root`` reads them."""
+    return f"fl data install {dataset}" + (f" --root {root}" if root is not None and str(root) != "" else "")
 
 
 def missing(paths: Sequence[Path]) -> List[Path]:
@@ -28,29 +32,80 @@ def missing(paths: Sequence[Path]) -> List[Path]:
     return [p for p in paths if not p.exists() and not Path(str(p) + ".gz").exists()]
 
 
-def ensure_files(name: str, root: Path, required: Sequence[Path], download: bool,
-                 fetch: Optional[Callable[[Path], None]], hint: str = "") -> None:
-    """Make sure every file of ``required`` exists: download with ``fetch`` when allowed, else a DataError that
-    names the exact files to place and where."""
+def _shown(paths: Sequence[Path], base: Path) -> str:
+    """The files, relative to ``base`` where they lie under it (the message names ``base`` once)."""
+    names = []
+    for p in paths:
+        try:
+            names.append(str(p.relative_to(base)))
+        except ValueError:
+            names.append(str(p))
+    return ", ".join(names)
+
+
+def _dirs_to_make(folder: Path) -> List[Path]:
+    """``folder`` and those of its ancestors that do not exist yet, outermost first."""
+    out = []
+    for p in [folder, *folder.parents]:
+        if p.exists() or p.is_symlink():
+            break
+        out.append(p)
+    return out[::-1]
+
+
+def _remove_empty_tree(folder: Path) -> None:
+    """Remove ``folder`` when it holds folders only (what a download that fetched nothing leaves behind)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for dirpath, _dirs, files in os.walk(folder, topdown=False):
+        if files:
+            return
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            return
+
+
+def ensure_files(name: str, root: Optional[str], required: Sequence[Path], download: bool,
+                 fetch: Optional[Callable[[Path], None]], hint: str = "", install: Optional[str] = None) -> None:
+    """Make sure every file of ``required`` exists, else one-line DataError naming the files to place and how to get
+    them. ``root`` is ``dataset.root`` as given (None: the core's default); ``install`` names the ``fl data
+    install`` data set that provides the files. Only with ``download`` (``dataset.download=true``, an explicit
+    request) is ``fetch`` called; a download that fails leaves no folder it made behind."""
+    base = data_root(root)
     absent = missing(required)
     if not absent:
         return
-    reason = "dataset.download is false"
+    reason = ""
     if download and fetch is not None:
+        made = _dirs_to_make(base)
+        before = {p.name for p in base.iterdir()} if base.is_dir() else set()
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            fetch(root)
+            base.mkdir(parents=True, exist_ok=True)
+            fetch(base)
         except Exception as exc:  # no network, checksum mismatch, disk full ...: all become one clear error
-            reason = f"the download failed ({type(exc).__name__}: {exc})"
+            text = " ".join(str(exc).split())[:160]
+            reason = f"the download failed ({type(exc).__name__}: {text}); "
         absent = missing(required)
         if not absent:
             return
-    elif fetch is None:
-        reason = "this dataset cannot be downloaded automatically"
-    listing = "\n".join(f"  {p}" for p in absent)
-    raise DataError(f"dataset '{name}': missing files under dataset.root = '{root}' and {reason}. "
-                    f"Place these files there (or set dataset.root to the folder holding them):\n{listing}"
-                    + (f"\n{hint}" if hint else ""))
+        if base.is_dir():
+            for entry in base.iterdir():
+                if entry.name not in before:
+                    _remove_empty_tree(entry)
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+    ways = []
+    if install:
+        ways.append(f"get them with `{install_command(install, root)}`")
+    ways.append(f"place them there{' ' + hint if hint else ''}")
+    if fetch is not None and not download:
+        ways.append("set dataset.download=true to download them (needs internet)")
+    raise DataError(f"dataset '{name}': {reason}{len(absent)} file(s) missing in {root_words(root)}: "
+                    f"{_shown(absent, base)}; " + ", or ".join(ways))
 
 
 def open_maybe_gz(path: Path):

@@ -69,7 +69,7 @@ def group_names(num_clusters: int = 4, clients_per_cluster: int = 5, **_ignored)
     return [f"cluster{c}-{j + 1}" for c in range(num_clusters) for j in range(clients_per_cluster)]
 
 
-def load_digits_clusters(root: Optional[str] = None, download: bool = True, num_clusters: int = 4,
+def load_digits_clusters(root: Optional[str] = None, download: bool = False, num_clusters: int = 4,
                          clients_per_cluster: int = 5, structure: str = "label_rotation",
                          seed: int = 0) -> DatasetBundle:
     """Embedded digits in k clusters of clients, each cluster with its own label map or image rotation.

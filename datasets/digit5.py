@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from pflkit.core.data import DatasetBundle
+from pflkit.core.data import DatasetBundle, root_words
 from pflkit.core.errors import DataError
 from pflkit.core.params import Param, positive
 from pflkit.core.task import classification
@@ -170,7 +170,7 @@ def _stratified_cap(y: torch.Tensor, cap: int, rng: np.random.Generator) -> np.n
     return np.sort(np.concatenate(idx))
 
 
-def load_digit5(root: Optional[str] = None, download: bool = True, domains: Optional[list] = None,
+def load_digit5(root: Optional[str] = None, download: bool = False, domains: Optional[list] = None,
                 image_size: int = 32, channels: int = 3, max_per_domain: Optional[int] = None,
                 seed: int = 0) -> DatasetBundle:
     """The Digit-5 domains found under ``root`` (or exactly ``domains``), one group per domain, 10 classes."""
@@ -180,9 +180,10 @@ def load_digit5(root: Optional[str] = None, download: bool = True, domains: Opti
     if domains is None:
         chosen = present
         if not chosen:
-            listing = "\n".join(f"  {d}: " + ", ".join(str(p) for p in _files(d, base)) for d in DOMAINS)
-            raise DataError(f"dataset 'digit5': no domain found under dataset.root = '{base}'. Place at least one "
-                            f"domain's files there (or a folder <root>/<domain>/<0..9>/<images>):\n{listing}")
+            listing = "; ".join(f"{d}: " + ", ".join(str(p.relative_to(base)) for p in _files(d, base))
+                                for d in DOMAINS)
+            raise DataError(f"dataset 'digit5': no domain found in {root_words(root)}; place at least one domain's "
+                            f"files there ({listing}), or image folders <domain>/<0..9>/<images>")
     else:
         unknown = [d for d in domains if d not in DOMAINS]
         if unknown:
@@ -190,7 +191,7 @@ def load_digit5(root: Optional[str] = None, download: bool = True, domains: Opti
         chosen = list(domains)
         for d in chosen:
             if d not in present:
-                ensure_files(f"digit5/{d}", base, _files(d, base), download, _fetcher(d),
+                ensure_files(f"digit5/{d}", root, _files(d, base), download, _fetcher(d),
                              hint=f"(or give the domain as image folders {base / d}/<0..9>/<images>)")
     rng = np.random.default_rng(seed)
     xs, ys, gs = [], [], []

@@ -18,7 +18,7 @@ NORMALIZATIONS = {
 }
 
 
-def load_digits(root=None, download=True, normalize: str = "standard") -> DatasetBundle:
+def load_digits(root=None, download=False, normalize: str = "standard") -> DatasetBundle:
     """scikit-learn's 8x8 handwritten digits, embedded (offline); inputs standardised by default (normalize)."""
     from sklearn.datasets import load_digits as _load
 

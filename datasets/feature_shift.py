@@ -115,7 +115,7 @@ def group_names(domains: Optional[Sequence[str]] = None, clients_per_domain: int
     return [f"{d}-{j + 1}" for d in chosen for j in range(clients_per_domain)]
 
 
-def load_digits_domains(root: Optional[str] = None, download: bool = True, domains: Optional[list] = None,
+def load_digits_domains(root: Optional[str] = None, download: bool = False, domains: Optional[list] = None,
                         image_size: int = 16, clients_per_domain: int = 1, shared_digits: bool = False,
                         seed: int = 0) -> DatasetBundle:
     """Embedded feature-shift digits, offline: six rendered domains, one group (by_group client) per domain.

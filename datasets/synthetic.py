@@ -13,7 +13,7 @@ from pflkit.core.params import Param, non_negative, positive
 from pflkit.core.task import classification, regression
 
 
-def load_pcfl_sine(root: Optional[str] = None, download: bool = True, num_clients: int = 96,
+def load_pcfl_sine(root: Optional[str] = None, download: bool = False, num_clients: int = 96,
                    samples_per_client: int = 100, noise_std: float = 0.1, num_intervals: int = 4,
                    intervals_per_client: int = 2, seed: int = 0) -> DatasetBundle:
     """PCFL's synthetic regression benchmark (paper section 5.1), a regression task scored by MSE.
@@ -56,7 +56,7 @@ load_pcfl_sine.params = {
 }
 
 
-def load_fedprox_synthetic(root: Optional[str] = None, download: bool = True, alpha: float = 1.0, beta: float = 1.0,
+def load_fedprox_synthetic(root: Optional[str] = None, download: bool = False, alpha: float = 1.0, beta: float = 1.0,
                            num_devices: int = 30, dimension: int = 60, num_classes: int = 10, iid: bool = False,
                            size_mean: float = 4.0, size_sigma: float = 2.0, min_samples: int = 50,
                            max_samples: Optional[int] = None, seed: int = 0) -> DatasetBundle:

