@@ -98,15 +98,24 @@ class ServerAggregator:
             return self.model_layout()
         return None
 
-    def model_layout(self) -> Layout:
-        """The layout of the model state global-model trainers upload: the model's keys, or the trainer's declared
-        ``shared_keys``, with the server model's shapes and dtypes (built once)."""
-        cached = self.__dict__.get("_model_layout")
-        if cached is None:
-            sd = self.ctx.build_model().state_dict()
-            keys = self.ctx.shared_keys if self.ctx.shared_keys is not None else list(sd)
-            cached = self.__dict__["_model_layout"] = layout_of({k: sd[k] for k in keys})
-        return cached
+    def model_layout(self, which: str = "shared") -> Layout:
+        """The layout of a model state clients upload, with the server model's shapes and dtypes (built once):
+        ``shared`` the keys global-model trainers upload (the trainer's declared ``shared_keys``, else all),
+        ``state`` the whole ``state_dict``, ``parameters`` its ``named_parameters`` (no buffers)."""
+        cache = self.__dict__.setdefault("_model_layouts", {})
+        if which not in cache:
+            model = self.ctx.build_model()
+            sd = model.state_dict()
+            if which == "shared":
+                keys = self.ctx.shared_keys if self.ctx.shared_keys is not None else list(sd)
+            elif which == "state":
+                keys = list(sd)
+            elif which == "parameters":
+                keys = [k for k, _ in model.named_parameters()]
+            else:
+                raise ValueError(f"model_layout: which={which!r}, expected shared, state or parameters")
+            cache[which] = layout_of({k: sd[k] for k in keys})
+        return cache[which]
 
     def reply_sample_limit(self, num_train: int) -> int:
         """The largest ``num_samples`` a client with ``num_train`` training samples may report (the core refuses a

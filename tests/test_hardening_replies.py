@@ -247,3 +247,80 @@ def test_the_fold_checks_the_declared_layout_even_for_the_first_reply():
         assert fold.add(cid, {"params": states[cid], "num_samples": 5})[1] is None
     mean = fold.means(torch.device("cpu"))["params"]
     assert torch.allclose(mean.state["w"], (states[1]["w"] + states[2]["w"]) / 2)
+
+
+# -- declarations: aggregators that upload something else, and a third-party streamed field -----------------------
+def test_an_all_replies_aggregator_that_declares_its_uploads_rejects_a_malformed_one_alone(tmp_path,
+                                                                                            registries_snapshot):
+    # IFCA combines every upload itself (one mean per cluster) and declares what a fit reply's params hold
+    base = registries_snapshot.TRAINERS.get("ifca")
+
+    class Float64Ifca(base):
+        def on_fit(self, payload):
+            reply = super().on_fit(payload)
+            if self.ctx.cid == BAD:
+                reply["params"] = {k: v.double() for k, v in reply["params"].items()}
+            return reply
+
+    registries_snapshot.TRAINERS.register("ifca_float64", Float64Ifca)
+    sim = tiny_simulation("ifca", tmp_path / "run", {"trainer": {"name": "ifca_float64"}, "rounds": 1})
+    summary = sim.run()
+    assert_only_bad_rejected(sim, summary, "fit", "float64")
+    assert all(v.dtype == torch.float32 for m in sim.server.models for v in m.values() if v.is_floating_point())
+
+
+class StatsTrainer(LocalSGDTrainer):
+    """Uploads a second streamed field, ``stats``; client BAD's has an extra key when ``bad`` is set."""
+
+    bad = False
+
+    def on_fit(self, payload):
+        reply = super().on_fit(payload)
+        reply["stats"] = {"mean": torch.full((3,), float(self.ctx.cid))}
+        if self.ctx.cid == BAD and self.bad:
+            reply["stats"]["extra"] = torch.zeros(1)
+        return reply
+
+
+def _stats_aggregator(declared):
+    from pflkit_fedavg import FedAvgAggregator
+
+    from pflkit.core.fold import layout_of as lay
+
+    class StatsAggregator(FedAvgAggregator):
+        mean_fields = ("params", "stats")
+        stats_mean = None
+
+        def aggregate_fit(self, rnd, replies):
+            if replies:
+                type(self).stats_mean = self.mean_of(replies, "stats")
+            return super().aggregate_fit(rnd, replies)
+
+    if declared:
+        def reply_layout(self, kind, field):
+            if field == "stats":
+                return lay({"mean": torch.zeros(3)})
+            return FedAvgAggregator.reply_layout(self, kind, field)
+
+        StatsAggregator.reply_layout = reply_layout
+    return StatsAggregator
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_streamed_field_is_checked_against_the_aggregators_declaration(tmp_path, registries_snapshot, declared):
+    from pflkit.core.errors import PflError
+
+    agg = _stats_aggregator(declared)
+    registries_snapshot.AGGREGATORS.register("stats_agg", agg, replace=True)
+    registries_snapshot.TRAINERS.register("stats", type("BadStats", (StatsTrainer,), {"bad": True}), replace=True)
+    over = {"trainer": {"name": "stats"}, "aggregator": {"name": "stats_agg"}, "rounds": 1}
+    sim = tiny_simulation("fedavg", tmp_path / "run", over)
+    if not declared:  # nothing to check the field against but another reply: a plugin error, said in one line
+        with pytest.raises(PflError, match="declares no layout for it"):
+            sim.run()
+        return
+    summary = sim.run()
+    assert_only_bad_rejected(sim, summary, "fit", "'stats' has key 'extra'")
+    n = {c: len(sim.data.splits[c].train) for c in (1, 2, 3)}  # FedAvg's weights: the sample counts
+    expected = sum(c * n[c] for c in n) / sum(n.values())
+    assert torch.allclose(agg.stats_mean["mean"], torch.full((3,), expected))
