@@ -102,8 +102,8 @@ class ReplyChecks:
 
     def problem(self, cid: int, kind: str, reply: Any) -> Optional[str]:
         """Why ``cid``'s reply to a ``kind`` message is refused, or None."""
-        if not isinstance(reply, Mapping):
-            return None  # the privacy check says what a reply may be; the strategy reads the rest
+        if not isinstance(reply, Mapping):  # the privacy check says what a reply may be; the strategy reads the rest
+            return "its evaluation is not a dict of sums" if kind == EVALUATE else None
         for key, value in reply.items():
             if isinstance(key, str):
                 expected = self.layout(kind, key)
