@@ -117,8 +117,8 @@ class FieldFold:
     first folded value sets it: only for arithmetic over states the caller has vetted already (``fold_mean``).
 
     A finite reply can never overflow the sums: ``bound`` is ``sum_i w_i max|x_i|``, an upper bound on every
-    accumulated element; a reply that would take it past ``headroom`` is refused before anything is added (a max
-    and a min reduction over the upload, cheaper than the add itself)."""
+    accumulated element; a reply that would take it past ``headroom`` is refused before anything is added (one
+    min-max pass over the upload, about the add's own cost)."""
 
     __slots__ = ("field", "acc", "weight", "first_cid", "layout", "ints", "float_keys", "bound", "limit", "declared")
 
@@ -169,8 +169,9 @@ class FieldFold:
             return None, self.bound
         if weight > limit:
             return f"its weight {weight:.3g} would overflow the round's sums", self.bound
-        # max and min per tensor (two of the cheapest reductions, one sync in all): the largest magnitude
-        peak = float(torch.stack([t.amax() for t in tensors] + [-t.amin() for t in tensors]).max())
+        # min and max of each tensor in one pass (aminmax), one sync in all: the largest magnitude
+        ends = [torch.aminmax(t) for t in tensors]
+        peak = float(torch.stack([e.max for e in ends] + [-e.min for e in ends]).max())
         bound = self.bound + weight * peak
         if not bound <= limit:  # also catches NaN
             return (f"its '{self.field}' (largest magnitude {peak:.3g}, weight {weight:.3g}) would overflow the "
