@@ -12,6 +12,7 @@ from .fold import MeanFold
 from .errors import PflError
 from .privacy import PrivacyGuard
 from .protocol import Message, first_non_finite, payload_nbytes
+from .replies import EVALUATE, ReplyChecks
 from .seeding import derive_seed
 
 log = logging.getLogger("pflkit")
@@ -34,16 +35,19 @@ class Communicator:
     """Sends server messages to clients through an execution backend.
 
     Every reply is checked before the server sees it: a client whose code raised is skipped (or aborts the run),
-    a reply that is not plain data, carries non-scalar metrics or raw samples is refused (``privacy``), and a
-    reply with NaN/Inf is rejected. Rejected clients' state is rolled back when ``rollback`` is on.
+    a reply that is not plain data, carries non-scalar metrics or raw samples is refused (``privacy``), a
+    reply with NaN/Inf is rejected, and so is one that differs from what the core expects (``checks``,
+    core/replies.py: the layout the server declares for an upload, a sample count the client can have, evaluation
+    sums over its own test split). Rejected clients' state is rolled back when ``rollback`` is on.
     Server strategies never get this object: they get its ``channel()``, which can only send.
     """
 
     def __init__(self, backend: ExecutionBackend, client_ids: Sequence[int], seed: int,
                  guard: PrivacyGuard, on_client_error: str = "skip", rollback: bool = True,
                  mean_fields: Sequence[str] = (), reply_weight: Optional[Callable[[Dict[str, Any]], float]] = None,
-                 reduce_across_ranks: bool = False):
+                 reduce_across_ranks: bool = False, checks: Optional[ReplyChecks] = None):
         self.backend = backend
+        self.checks = checks  # None: only the privacy and NaN/Inf checks (a communicator built outside a run)
         # a backend that runs clients elsewhere vets each reply where its client's data is (``execute_vetted``), and
         # may average reply fields there too (``mean_fields``: the distributed fast path)
         self._owner_vets = callable(getattr(backend, "execute_vetted", None))
@@ -88,14 +92,20 @@ class Communicator:
             if accounted:
                 self.traffic.bytes_down += payload_nbytes(msg.payload)
         snapshot = accounted and self.rollback_enabled
+        kinds = {cid: msg.kind for cid, msg in messages.items()}
+        layouts = self._streamed_layouts(kinds)
+
+        def vet(cid: int, reply: Any) -> Optional[str]:
+            return self.vet(cid, reply, kinds[cid])
+
         vetted: Optional[Dict[int, Tuple[Optional[str], int]]] = None
         if self._owner_vets:  # each owner vets its clients' replies (before their fields enter any sum)
-            results, vetted = self.backend.execute_vetted(calls, snapshot, self.vet, self.rank_fields,
-                                                          weight_of=self.reply_weight)
+            results, vetted = self.backend.execute_vetted(calls, snapshot, vet, self.rank_fields,
+                                                          weight_of=self.reply_weight, layouts=layouts)
             arriving: Iterable[CallResult] = (results.pop(cid) for cid in sorted(results))
         else:  # one client at a time: each reply is vetted and folded before the next client runs
             arriving = self.backend.execute_each(calls, snapshot)
-        fold = MeanFold(() if self.rank_fields else self.mean_fields, self.reply_weight)
+        fold = MeanFold(() if self.rank_fields else self.mean_fields, self.reply_weight, layouts)
         folded: Dict[int, List[str]] = {}
         replies: Dict[int, Dict[str, Any]] = {}
         for res in arriving:
@@ -107,7 +117,7 @@ class Communicator:
                                       f"('{calls[cid].message.kind}'): {res.error}\n{res.detail}")
                 self._reject(cid, calls[cid].message.kind, f"raised {res.error}", res.detail, accounted)
                 continue
-            reason, nbytes = vetted[cid] if vetted is not None else (self.vet(cid, res.reply), None)
+            reason, nbytes = vetted[cid] if vetted is not None else (vet(cid, res.reply), None)
             reply = res.reply
             if reason is None and fold:
                 fields = [f for f in fold.fields if isinstance(reply, dict) and f in reply]
@@ -122,6 +132,8 @@ class Communicator:
                 self.backend.keep(cid)  # accepted: its rollback snapshot may go
             if fold and fields:
                 folded[cid] = fields
+            if kinds[cid] == EVALUATE and self.checks is not None and isinstance(reply, dict):
+                reply["num_samples"] = self.checks.test_size(cid)  # the count is the core's own
             if accounted and "train_loss" in reply:
                 self.traffic.train_replies[cid] = reply
             replies[cid] = reply
@@ -129,13 +141,27 @@ class Communicator:
             MeanFold.restore(replies, folded, fold.means(_device_of(fold)))
         return replies
 
-    def vet(self, cid: int, reply: Any) -> Optional[str]:
-        """Why ``cid``'s reply is refused (privacy boundary, then NaN/Inf), or None when it is accepted."""
+    def vet(self, cid: int, reply: Any, kind: str = "") -> Optional[str]:
+        """Why ``cid``'s reply to a ``kind`` message is refused (privacy boundary, NaN/Inf, then what the core
+        expects of it), or None when it is accepted."""
         leak = self._guard.violation(cid, reply)
         if leak is not None:
             return leak
         bad = first_non_finite(reply)
-        return None if bad is None else f"reply field '{bad}' holds NaN/Inf"
+        if bad is not None:
+            return f"reply field '{bad}' holds NaN/Inf"
+        return self.checks.problem(cid, kind, reply) if self.checks is not None else None
+
+    def _streamed_layouts(self, kinds: Dict[int, str]) -> Dict[str, Any]:
+        """field -> the layout the server declares for each streamed field of this exchange's replies (the fold
+        checks every reply against it, never against another reply)."""
+        if self.checks is None:
+            return {}
+        self.checks.begin()
+        fields = self.mean_fields
+        if not fields or not kinds:
+            return {}
+        return self.checks.streamed_layouts(list(kinds.values()), fields)
 
     def _reject(self, cid: int, kind: str, reason: str, detail: str, accounted: bool) -> None:
         self.traffic.failures.append({"round": self.round, "client": cid, "kind": kind, "reason": reason})

@@ -23,7 +23,7 @@ from torch import nn
 from .params import ParamSpec
 from .protocol import Message
 from .serverstore import ServerClientStore, ServerStores
-from .fold import fold_mean
+from .fold import Layout, fold_mean, layout_of
 from .state import State, WeightedMean, clone_state, weighted_average
 from .task import Task
 
@@ -83,6 +83,45 @@ class ServerAggregator:
         ``num_samples`` by default. A distributed run weighs each reply with this same method on the rank that
         owns the client, so an override (e.g. FedAvg's ``weighting: uniform``: 1 per reply) holds on every path."""
         return float(reply["num_samples"])
+
+    def reply_layout(self, kind: str, field: str) -> Optional[Layout]:
+        """The keys, shapes and dtypes (``core.fold.layout_of``) that ``field`` of a reply to a ``kind`` message must
+        hold, or None where the core does not check it (the strategy then gets the field as the client sent it).
+
+        The core refuses a reply whose field differs (an upload in float64, an extra or a missing key) as it refuses
+        a reply with NaN, and blames that client alone: replies are checked against what the server expects, never
+        against another reply. Default: the ``params`` of a strategy that streams them (``mean_fields``) hold the
+        model's shared state (``model_layout``). A strategy that streams another field, or whose clients upload
+        something else (a subset of the keys, other modules), overrides this; one that streams a field must declare
+        its layout (the fold has nothing else to check it against)."""
+        if field == "params" and field in type(self).reduced_fields():
+            return self.model_layout()
+        return None
+
+    def model_layout(self, which: str = "shared") -> Layout:
+        """The layout of a model state clients upload, with the server model's shapes and dtypes (built once):
+        ``shared`` the keys global-model trainers upload (the trainer's declared ``shared_keys``, else all),
+        ``state`` the whole ``state_dict``, ``parameters`` its ``named_parameters`` (no buffers)."""
+        cache = self.__dict__.setdefault("_model_layouts", {})
+        if which not in cache:
+            model = self.ctx.build_model()
+            sd = model.state_dict()
+            if which == "shared":
+                keys = self.ctx.shared_keys if self.ctx.shared_keys is not None else list(sd)
+            elif which == "state":
+                keys = list(sd)
+            elif which == "parameters":
+                keys = [k for k, _ in model.named_parameters()]
+            else:
+                raise ValueError(f"model_layout: which={which!r}, expected shared, state or parameters")
+            cache[which] = layout_of({k: sd[k] for k in keys})
+        return cache[which]
+
+    def reply_sample_limit(self, num_train: int) -> int:
+        """The largest ``num_samples`` a client with ``num_train`` training samples may report (the core refuses a
+        reply outside 1..this). Its training split by default; an algorithm whose clients legitimately count more
+        (samples they synthesise, say) declares how many more here."""
+        return num_train
 
     def mean_of(self, replies: Dict[int, Dict[str, Any]], field: str = "params") -> Optional[State]:
         """The weighted mean (``reply_weight``) of ``field`` over ``replies``: the streamed mean when the field is
@@ -166,6 +205,16 @@ class GlobalModelAggregator(ServerAggregator):
 
     def configure_fit(self, rnd: int, selected: Sequence[int]) -> Dict[int, Message]:
         return {cid: Message("fit", {"params": self.global_state}) for cid in selected}
+
+    def reply_layout(self, kind: str, field: str) -> Optional[Layout]:
+        """Uploaded ``params`` hold the global state's keys, shapes and dtypes (the server's model: its shared keys),
+        whatever the strategy does with them (streamed or combined from every upload)."""
+        if field != "params":
+            return super().reply_layout(kind, field)
+        cached = self.__dict__.get("_global_layout")
+        if cached is None:
+            cached = self.__dict__["_global_layout"] = layout_of(self.global_state)
+        return cached
 
     def aggregate_fit(self, rnd: int, replies: Dict[int, Dict[str, Any]]) -> None:
         if not replies:

@@ -32,6 +32,7 @@ from .distributed.assign import sgd_steps_per_epoch
 from .distributed.silent import SilentRunLogger
 from .monitor import RunLogger
 from .privacy import PrivacyGuard
+from .replies import ReplyChecks
 from .reporting import strict_json
 from .resume import ResumePoint, check_partition, load_resume_point, record_resume
 from .rounds import RoundLoop, RunFailure
@@ -233,7 +234,8 @@ class Simulation(RoundLoop):
                                  cfg.failures.on_client_error, cfg.failures.rollback,
                                  mean_fields=getattr(self.aggregator_cls, "reduced_fields", tuple)(),
                                  reduce_across_ranks=not exact,
-                                 reply_weight=getattr(self.server, "reply_weight", None))
+                                 reply_weight=getattr(self.server, "reply_weight", None),
+                                 checks=ReplyChecks.of_run(self.server, self.data.splits, self.task))
         self.channel = self.comm.channel()  # all the server strategy gets: it can send, nothing more
         self.history = History(self.task.metric_name, self.task.higher_is_better)
         self.completed_round = 0

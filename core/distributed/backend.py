@@ -160,7 +160,8 @@ class DistributedBackend(ExecutionBackend):
         return self.execute_vetted(calls, snapshot, lambda cid, reply: None)[0]
 
     def execute_vetted(self, calls: Dict[int, Call], snapshot: bool, vet: Callable[[int, Any], Optional[str]],
-                       fields: Sequence[str] = (), weight_of: Optional[Callable[[Dict[str, Any]], float]] = None
+                       fields: Sequence[str] = (), weight_of: Optional[Callable[[Dict[str, Any]], float]] = None,
+                       layouts: Optional[Dict[str, Any]] = None
                        ) -> Tuple[Dict[int, CallResult], Dict[int, Tuple[Optional[str], int]]]:
         """Runs this rank's clients, vets their replies here and gives every rank every accepted reply.
 
@@ -171,12 +172,15 @@ class DistributedBackend(ExecutionBackend):
         rank sums ``weight * field`` (weight: ``weight_of(reply)``, the aggregator's ``reply_weight``; default
         ``num_samples``) of its accepted replies as one flat float64 vector per field and the ranks
         all-reduce it with the weights, so only the rest of each reply (loss, metrics, num_samples) travels.
+        ``layouts``: field -> the keys, shapes and dtypes the server declares for it (``ServerAggregator.reply_layout``,
+        the same on every rank): each owner folds only replies that match it, so a malformed reply is refused on its
+        own whatever its position, and every rank's sums share one layout.
         Returns the results (accepted replies holding one ``WeightedMean`` per reduced field) and cid -> (refusal
         reason or None, bytes of the whole reply)."""
         if not calls:
             return {}, {}
         mine = {cid: call for cid, call in calls.items() if self.owner[cid] == self.rank}
-        fold = MeanFold(fields, weight_of)  # this rank's clients, folded as each reply arrives (core.fold)
+        fold = MeanFold(fields, weight_of, layouts)  # this rank's clients, folded as each reply arrives (core.fold)
         results: Dict[int, CallResult] = {}
         sent: Dict[int, Any] = {}
         for res in (self.inner.execute_each(mine, snapshot) if mine else ()):

@@ -126,6 +126,12 @@ class FedAMPAggregator(ServerAggregator):
                                  "selected clients only", choices=("latest", "round")),
     }
 
+    def reply_layout(self, kind: str, field: str):
+        """A fit reply's ``params`` are the client's whole model state w_i (checked by the core)."""
+        if kind == "fit" and field == "params":
+            return self.model_layout("state")
+        return super().reply_layout(kind, field)
+
     def __init__(self, ctx):
         super().__init__(ctx)
         hp = ctx.hp

@@ -83,6 +83,12 @@ class FedC2IRelay(ServerAggregator):
                                "every N rounds and in the last round; 0 = never", check=non_negative),
     }
 
+    def reply_layout(self, kind: str, field: str):
+        """A fit reply's ``params`` are the client's whole model state (checked by the core before it is relayed)."""
+        if kind == "fit" and field == "params":
+            return self.model_layout("state")
+        return super().reply_layout(kind, field)
+
     def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
         model = ctx.build_model()

@@ -56,6 +56,12 @@ class FedCACAggregator(ServerAggregator):
                                    check=non_negative),
     }
 
+    def reply_layout(self, kind: str, field: str):
+        """A fit reply's ``params`` are the model's shared keys (checked by the core; its masks are BitMasks)."""
+        if kind == "fit" and field == "params":
+            return self.model_layout("shared")
+        return super().reply_layout(kind, field)
+
     def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
         model = ctx.build_model()

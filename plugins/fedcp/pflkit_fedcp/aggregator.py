@@ -5,6 +5,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from easydict import EasyDict
 
+from pflkit.core.fold import Layout, layout_of
 from pflkit.core.params import Param
 from pflkit.core.protocol import Message
 from pflkit.core.server import ServerAggregator, ServerContext
@@ -37,6 +38,13 @@ class FedCPAggregator(ServerAggregator):
         check_options(trainer_hp)
         # W^{fe,0}, W^{hd,0}, Theta^0: the same seeded initial weights every client starts from (lines 1-2)
         self.global_state: State = initial_shared_state(ctx.build_model(), trainer_hp, ctx.seed)
+
+    def reply_layout(self, kind: str, field: str) -> Optional[Layout]:
+        """Uploads hold the global modules (extractor, head and CPN: ``initial_shared_state``), not the model's
+        state: the core checks every upload against them."""
+        if field == "params":
+            return layout_of(self.global_state)
+        return super().reply_layout(kind, field)
 
     def configure_fit(self, rnd: int, selected: Sequence[int]) -> Dict[int, Message]:
         if self.ctx.hp.sync == "reference":

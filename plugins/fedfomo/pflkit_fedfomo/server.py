@@ -38,6 +38,12 @@ class FedFomoServer(ServerAggregator):
                                      "(default 0.05: the official code's README)", check=non_negative),
     }
 
+    def reply_layout(self, kind: str, field: str):
+        """A fit reply's ``params`` are the client's whole model state (checked by the core)."""
+        if kind == "fit" and field == "params":
+            return self.model_layout("state")
+        return super().reply_layout(kind, field)
+
     def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
         hp = ctx.hp

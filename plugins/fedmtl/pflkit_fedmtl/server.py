@@ -46,6 +46,12 @@ class FedMTLServer(ServerAggregator):
                                    "(as the reference code; same numbers)", choices=RELAYS),
     }
 
+    def reply_layout(self, kind: str, field: str):
+        """A fit reply's ``params`` are the model's parameters w_i, no buffers (checked by the core)."""
+        if kind == "fit" and field == "params":
+            return self.model_layout("parameters")
+        return super().reply_layout(kind, field)
+
     def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
         model = ctx.build_model()

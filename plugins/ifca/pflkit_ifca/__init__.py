@@ -103,6 +103,12 @@ class IFCAAggregator(ServerAggregator):
                            choices=WEIGHTINGS),
     }
 
+    def reply_layout(self, kind: str, field: str):
+        """A fit reply's ``params`` are the trained model's shared keys (checked by the core before clustering)."""
+        if kind == "fit" and field == "params":
+            return self.model_layout("shared")
+        return super().reply_layout(kind, field)
+
     @classmethod
     def delivers_shared_state(cls) -> bool:
         return True  # every fit and evaluate message carries all k models
