@@ -45,10 +45,12 @@ class RunData:
 
     @property
     def status(self) -> str:
-        """'finished', 'interrupted' (a summary says so, or fewer rounds than configured) or 'no summary' (still
-        running, killed, or failed)."""
+        """'finished', 'interrupted' (a summary says so, or fewer rounds than configured), 'failed' (its summary
+        records a failure) or 'no summary' (still running, killed, or failed before its rounds)."""
         if self.summary is None:
             return "no summary"
+        if self.summary.get("status") == "failed":  # the run failed during its rounds; summary.json says why
+            return "failed"
         done = self.summary.get("rounds_completed")
         if self.summary.get("interrupted") or done != self.config.get("rounds", done):
             return "interrupted"
@@ -110,6 +112,7 @@ def _is_round(value: Any) -> bool:
 _SUMMARY_FIELDS = {"metric": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a name of 1-64 characters"),
                    "rounds_completed": (_is_round, "a round number"),
                    "interrupted": (bool, "true or false"), "client_failures": (_is_number, "a number"),
+                   "status": (lambda v: v in ("finished", "interrupted", "failed"), "finished, interrupted or failed"),
                    "bytes_up_total": (_is_number, "a number"), "bytes_down_total": (_is_number, "a number")}
 _SUMMARY_SECTIONS = ("final", "best", "best_weighted", "last")
 

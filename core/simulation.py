@@ -241,6 +241,7 @@ class Simulation(RoundLoop):
         self.setup_calls = 0  # messages sent during set-up so far (resumed set-up continues their seeds)
         self.totals = {"bytes_up": 0, "bytes_down": 0, "failures": 0}
         self.failures: List[Dict[str, Any]] = []
+        self._checkpointed_round: Optional[int] = None  # the round the last checkpoint this process wrote holds
         if resuming:
             self._restore(_resume_state)
         else:
@@ -307,17 +308,20 @@ class Simulation(RoundLoop):
         self.totals = dict(state["totals"])
         self.failures = list(state["failures"])
         set_rng_state(state["rng"])
+        self._checkpointed_round = self.completed_round
 
     def checkpoint(self) -> None:
         if not self.is_writer:  # rank 0 writes; the others send it their clients' states, in the same order
             for cid in self.client_ids:
                 self.backend.get_state(cid)
+            self._checkpointed_round = self.completed_round
             return
         meta = {"config_sha256": config_fingerprint(self.cfg), "algorithm": self.cfg.algorithm,
                 "trainer": self.cfg.trainer.name, "aggregator": self.cfg.aggregator.name,
                 "round": self.completed_round, "num_clients": len(self.client_ids),
                 "torch_threads": torch.get_num_threads(), "partition_sha256": self.partition_sha256}
         save_checkpoint(self.run_dir, self._state(), meta)
+        self._checkpointed_round = self.completed_round
 
     # -- result ------------------------------------------------------------------------------------------------
     def summary(self) -> Dict[str, Any]:
