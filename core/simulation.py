@@ -24,7 +24,7 @@ from .clientstate import SPILL_DIR, parse_size
 from .serverstore import BUDGET_KEY as SERVER_BUDGET_KEY, SERVER_SPILL_DIR, ServerStores
 from .client import ClientContext, can_pool
 from .comm import Communicator
-from .config import config_fingerprint, to_plain
+from .config import MAX_MODEL_PARAMETERS, config_fingerprint, to_plain
 from .data import FederatedData, build_federated_data
 from .errors import CheckpointError, ConfigError, PflError
 from .evaluation import History
@@ -78,6 +78,7 @@ def check_model_fits_data(cfg: EasyDict, build_model: Callable[[], torch.nn.Modu
                           device: torch.device) -> None:
     """Build the model and run it on two real samples, so a model/data mismatch is one clear error up front."""
     bundle = data.bundle
+    _check_model_size(cfg, bundle.input_shape, bundle.task.output_dim)
     try:
         model = build_model()
     except Exception as exc:
@@ -98,6 +99,24 @@ def check_model_fits_data(cfg: EasyDict, build_model: Callable[[], torch.nn.Modu
     if bundle.task.kind == "classification" and (out.ndim != 2 or out.shape[1] != bundle.task.output_dim):
         raise ConfigError(f"model '{cfg.model.name}' outputs shape {tuple(out.shape[1:])} per sample; dataset "
                           f"'{cfg.dataset.name}' needs {bundle.task.output_dim} class scores")
+
+
+def _check_model_size(cfg: EasyDict, input_shape, output_dim: int) -> None:
+    """Refuse a model of more than MAX_MODEL_PARAMETERS parameters before any memory is spent on it: it is built on
+    torch's meta device (shapes only). A builder that cannot build there is left to the real build."""
+    builder = reg.MODELS.get(cfg.model.name)
+    args = {k: v for k, v in cfg.model.items() if k not in ("name", "init_seed")}
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = builder(input_shape=tuple(input_shape), num_classes=output_dim, **args)
+        count = sum(p.numel() for p in model.parameters())
+    except Exception:  # not buildable on meta (or not at all): the real build reports it
+        return
+    if count > MAX_MODEL_PARAMETERS:
+        shown = {k: v for k, v in args.items() if not isinstance(v, (list, tuple)) or len(v) <= 8}
+        raise ConfigError(f"model '{cfg.model.name}' with {shown} has {count:,} parameters for inputs of shape "
+                          f"{tuple(input_shape)}; at most {MAX_MODEL_PARAMETERS:,} are allowed (fl show core): "
+                          f"choose smaller widths or layers")
 
 
 class _ClientStatesView(Mapping):
