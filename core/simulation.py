@@ -85,6 +85,7 @@ def check_model_fits_data(cfg: EasyDict, build_model: Callable[[], torch.nn.Modu
         raise ConfigError(f"model '{cfg.model.name}' cannot be built for inputs of shape "
                           f"{tuple(bundle.input_shape)} with {bundle.task.output_dim} outputs: "
                           f"{type(exc).__name__}: {exc}") from exc
+    _refuse_model_size(cfg, bundle.input_shape, sum(p.numel() for p in model.parameters()))
     x = bundle.x[:2].to(device)
     if bundle.transform is not None:
         x = bundle.transform(x)
@@ -101,22 +102,45 @@ def check_model_fits_data(cfg: EasyDict, build_model: Callable[[], torch.nn.Modu
                           f"'{cfg.dataset.name}' needs {bundle.task.output_dim} class scores")
 
 
+# a model option holding a number above this (a width, a vocabulary) may make a model too large to allocate: its
+# parameters are counted on torch's meta device first. Not always: a forward pass on meta (which some builders run
+# to size their head) first imports torch's meta kernels, about 1.5 s
+LARGE_MODEL_OPTION = 10_000
+
+
+def _model_args(cfg: EasyDict) -> Dict[str, Any]:
+    return {k: v for k, v in cfg.model.items() if k not in ("name", "init_seed")}
+
+
+def _has_large_number(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_has_large_number(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > LARGE_MODEL_OPTION
+
+
+def _refuse_model_size(cfg: EasyDict, input_shape, count: int) -> None:
+    if count > MAX_MODEL_PARAMETERS:
+        shown = {k: v for k, v in _model_args(cfg).items() if not isinstance(v, (list, tuple)) or len(v) <= 8}
+        raise ConfigError(f"model '{cfg.model.name}' with {shown} has {count:,} parameters for inputs of shape "
+                          f"{tuple(input_shape)}; at most {MAX_MODEL_PARAMETERS:,} are allowed (fl show core): "
+                          f"choose smaller widths or layers")
+
+
 def _check_model_size(cfg: EasyDict, input_shape, output_dim: int) -> None:
-    """Refuse a model of more than MAX_MODEL_PARAMETERS parameters before any memory is spent on it: it is built on
-    torch's meta device (shapes only). A builder that cannot build there is left to the real build."""
+    """Refuse a model of more than MAX_MODEL_PARAMETERS parameters before any memory is spent on it, when one of its
+    options is large: it is built on torch's meta device (shapes only). A builder that cannot build there is left
+    to the real build, whose parameters are counted too."""
+    args = _model_args(cfg)
+    if not any(_has_large_number(v) for v in args.values()):
+        return
     builder = reg.MODELS.get(cfg.model.name)
-    args = {k: v for k, v in cfg.model.items() if k not in ("name", "init_seed")}
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             model = builder(input_shape=tuple(input_shape), num_classes=output_dim, **args)
         count = sum(p.numel() for p in model.parameters())
     except Exception:  # not buildable on meta (or not at all): the real build reports it
         return
-    if count > MAX_MODEL_PARAMETERS:
-        shown = {k: v for k, v in args.items() if not isinstance(v, (list, tuple)) or len(v) <= 8}
-        raise ConfigError(f"model '{cfg.model.name}' with {shown} has {count:,} parameters for inputs of shape "
-                          f"{tuple(input_shape)}; at most {MAX_MODEL_PARAMETERS:,} are allowed (fl show core): "
-                          f"choose smaller widths or layers")
+    _refuse_model_size(cfg, input_shape, count)
 
 
 class _ClientStatesView(Mapping):
