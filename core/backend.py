@@ -122,6 +122,9 @@ class ExecutionBackend(ABC):
     @abstractmethod
     def set_state(self, cid: int, state: Dict[str, Any]) -> None: ...
 
+    def remove_spill_files(self) -> None:
+        """The run finished and its checkpoint holds every state: remove the spill files (if this backend has any)."""
+
     def close(self) -> None:
         pass
 
@@ -282,6 +285,11 @@ class SerialBackend(ExecutionBackend):
             self.pool.set_state(cid, state)
         else:
             self.trainers[cid].load_state_dict(state)
+
+    def remove_spill_files(self) -> None:
+        """The run finished and its checkpoint holds every declared state: the spill files go."""
+        if self.pool is not None:
+            self.pool.store.remove_spill_files()
 
     def close(self) -> None:
         if self.pool is not None:

@@ -244,6 +244,17 @@ class ClientStateStore:
             self._dir.close()
             shutil.rmtree(self.spill_dir, ignore_errors=True)  # refuses a link: only a real folder is removed
 
+    def remove_spill_files(self) -> None:
+        """Remove the spill folder once the run has finished and its checkpoint holds every state: the files are
+        scratch space of this process (checked against checksums only it knows). A spilled state is then gone from
+        this store; asking for it is one line pointing at the checkpoint."""
+        if self.spill_dir is None:
+            return
+        self._dir.close()
+        shutil.rmtree(self.spill_dir, ignore_errors=True)  # refuses a link: only a real folder is removed
+        self._sums.clear()
+        self._files_removed = True
+
     # spill files ------------------------------------------------------------------------------------------
     def _path(self, cid: int) -> Path:
         return self.spill_dir / f"{int(cid)}.pt"
@@ -277,6 +288,9 @@ class ClientStateStore:
 
     def _read(self, cid: int) -> Any:
         path = self._path(cid)
+        if getattr(self, "_files_removed", False):
+            raise CheckpointError(f"spilled {self.what} of client {cid} was removed with its folder {self.spill_dir} "
+                                  f"when the run finished; the run's checkpoint holds it")
         digest, size = self._sums.get(path.name, ("", -1))
         try:
             data = self._dir.read(path.name, max(size, 0))

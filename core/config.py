@@ -23,6 +23,21 @@ from . import strictjson
 from . import adaptation, compose
 from . import registry as reg
 
+# Bounds that keep a run finite (issue 29: an adaptation of 10**12 steps or a 1,000,000-layer model was accepted and
+# never finished). Stated in ``fl show core``; far above any published setting (PFLlib fine-tunes 1-10 epochs; the
+# largest model here has 11 million parameters)
+MAX_ADAPT_STEPS = 100_000
+MAX_ADAPT_EPOCHS = 1_000
+MAX_MODEL_PARAMETERS = 2 ** 30  # checked on a model built without memory (torch's meta device) before the real one
+MAX_MODEL_LIST_ENTRIES = 1_000
+
+
+def _at_most(v: Any, limit: int) -> Optional[str]:
+    if v <= 0:
+        return "must be > 0"
+    return None if v <= limit else f"must be at most {limit:,}"
+
+
 def _size(v: Any) -> Optional[str]:
     from .clientstate import parse_size
     try:
@@ -69,10 +84,11 @@ CORE_SCHEMA: Dict[str, Any] = {
                                 "model on its training split before scoring it, at every evaluation, only the last "
                                 "final_k (those the 'final' metric averages), or never (README)",
                        choices=("never", "every", "final")),
-        "adapt_steps": Param(None, "adaptation length in SGD steps (mini-batches of train.batch_size); give this "
-                                   "or adapt_epochs (default with neither: 1 epoch)", type=int, check=positive),
-        "adapt_epochs": Param(None, "adaptation length in epochs of the client's training split", type=int,
-                              check=positive),
+        "adapt_steps": Param(None, "adaptation length in SGD steps (mini-batches of train.batch_size), 1 to "
+                                   f"{MAX_ADAPT_STEPS:,}; give this or adapt_epochs (default with neither: 1 epoch)",
+                             type=int, check=lambda v: _at_most(v, MAX_ADAPT_STEPS)),
+        "adapt_epochs": Param(None, "adaptation length in epochs of the client's training split, 1 to "
+                                    f"{MAX_ADAPT_EPOCHS:,}", type=int, check=lambda v: _at_most(v, MAX_ADAPT_EPOCHS)),
         "adapt_lr": Param(None, "adaptation learning rate (default: the trainer's, train.lr for most)", type=float,
                           check=positive),
         "adapt_params": Param("all", "parameters adapted: all, head, body (features), or a set the trainer "
@@ -135,7 +151,9 @@ COMPONENT_SECTIONS: Dict[str, Tuple[reg.Registry, ParamSpec]] = {
                             "compare run seeds on one partition", type=int, check=seed_range),
     }),
     "model": (reg.MODELS, {
-        "name": Param("cnn4", "model name (fl list models)"),
+        "name": Param("cnn4", f"model name (fl list models); any model: at most {MAX_MODEL_PARAMETERS:,} "
+                              f"parameters, and a list option (e.g. mlp's hidden widths) at most "
+                              f"{MAX_MODEL_LIST_ENTRIES:,} entries"),
         "init_seed": Param(None, "seed of the initial weights, independent of the run seed (default: the run seed; "
                                  "init_seed=s gives the initial weights of a run with seed=s)", type=int,
                            check=seed_range),
@@ -305,6 +323,7 @@ def resolve(layers: List[Mapping[str, Any]], algorithm: Optional[str] = None) ->
         spec.update(compose.section_params(section, component, comp) if comp is not None
                     else component_params(component))
         out[section] = _validate_section(section + ".", values, spec)
+    _check_model_lists(out["model"])
     _check_cross_field(out)
     return EasyDict(out)
 
@@ -387,6 +406,15 @@ def _unswitched(lower: Dict[str, Any], upper: Mapping[str, Any]) -> Dict[str, An
                 up.get("name", low["name"]) != low["name"]:
             out.pop(section)
     return out
+
+
+def _check_model_lists(model: Mapping[str, Any]) -> None:
+    """A model's list options (layer widths, channels) have at most MAX_MODEL_LIST_ENTRIES entries: building a
+    model of a million layers never finishes, whatever its parameter count."""
+    for key, value in model.items():
+        if isinstance(value, (list, tuple)) and len(value) > MAX_MODEL_LIST_ENTRIES:
+            raise ConfigError(f"model.{key}: {len(value):,} entries is invalid: a model's list option may have at "
+                              f"most {MAX_MODEL_LIST_ENTRIES:,}")
 
 
 def _check_cross_field(cfg: Mapping[str, Any]) -> None:

@@ -345,6 +345,22 @@ def partition_indices(cfg: EasyDict, bundle: DatasetBundle) -> List[Any]:
     return [np.asarray(p, dtype=np.int64) for p in parts]
 
 
+def _check_split_sizes(cfg: EasyDict, cid: int, received: int, split: ClientSplit) -> None:
+    """Every client trains on at least one sample and is tested on at least one: else the setting that left it
+    empty is named (a client without samples has nothing to train on or nothing to score)."""
+    if len(split.train) and len(split.test):
+        return
+    fraction = cfg.split.get("fraction", 1.0)
+    kept = len(split.train) + len(split.test)
+    sizes = f"{len(split.train)} training and {len(split.test)} test samples"
+    if fraction != 1.0:
+        raise ConfigError(f"split.fraction: {fraction} leaves client {cid} with {sizes} (it keeps {kept} of its "
+                          f"{received}); raise split.fraction or lower partition.num_clients")
+    raise ConfigError(f"split.test_ratio: {cfg.split.test_ratio} leaves client {cid} with {sizes} (of its "
+                      f"{received}); change split.test_ratio or give each client more samples (the partitioner's "
+                      f"min_size, fewer partition.num_clients)")
+
+
 def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
                          splits: Optional[List[ClientSplit]] = None) -> FederatedData:
     """Load, partition and split; the same config and seed always give the same clients."""
@@ -368,9 +384,10 @@ def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
             if len(idx) < 2:
                 raise DataError(f"client {cid} received {len(idx)} samples; it needs at least 2 "
                                 f"(raise the partitioner's min_size or lower partition.num_clients)")
-            splits.append(split_train_test(idx, labels, rng, cfg.split.test_ratio,
-                                           cfg.split.train_size, cfg.split.test_size,
-                                           cfg.split.get("fraction", 1.0)))
+            split = split_train_test(idx, labels, rng, cfg.split.test_ratio, cfg.split.train_size,
+                                     cfg.split.test_size, cfg.split.get("fraction", 1.0))
+            _check_split_sizes(cfg, cid, len(idx), split)
+            splits.append(split)
         fed = FederatedData(bundle, splits, name)
         fed.check_indices("split", disjoint=True)
         return fed

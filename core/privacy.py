@@ -183,11 +183,11 @@ class _ClientRows:
                 self.memory.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
             except RuntimeError:
                 pass
-        first = xs[0] if xs else None
-        self.row_len = int(first[0].numel()) if first is not None and len(first) else 0
+        first = next((x for x in xs if len(x)), None)  # a split may be empty (e.g. a client tested on nothing)
+        self.row_len = int(first[0].numel()) if first is not None else 0
         # the client's own tensors, referenced rather than copied (a float64 copy of every client's inputs was
         # the largest per-client cost of a stateless run); a row is widened to float64 only to confirm a match
-        self.sources = [x.detach().reshape(len(x), -1) for x in xs] if self.row_len else []
+        self.sources = [x.detach().reshape(len(x), self.row_len) for x in xs if len(x)] if self.row_len else []
         self.check_rows = self.row_len >= MIN_ROW_VALUES and sum(len(x) for x in self.sources) > 0
         self.index: Dict[int, List[Tuple[int, int]]] = {}
         if self.check_rows:

@@ -2,8 +2,9 @@
 
 ``load_resume_point`` reads the saved configuration, applies the resume-safe overrides, and opens the checkpoint:
 its header must match the configuration's fingerprint (an edited configuration or a checkpoint copied from another
-run is refused) and its run state must be complete. A run that died before its first checkpoint starts again from
-round 0 in the same directory, with its saved configuration and partition. Once the run's data is built,
+run is refused) and its run state must be complete. A run that died (or was stopped) before its first checkpoint
+starts again from round 0 in the same directory, with its saved configuration and partition; one whose
+summary.json records that it failed before its first checkpoint is refused with one line (nothing to resume). Once the run's data is built,
 ``check_partition`` compares ``partition.json`` with the partition the checkpoint was computed on; once the run is
 rebuilt, ``record_resume`` keeps the directory truthful (config.json, resumes.jsonl, run.log).
 """
@@ -72,6 +73,11 @@ def load_resume_point(run_dir: Path, overrides: Optional[Dict[str, Any]] = None)
     check_resume_overrides(overrides)
     cfg = resolve([deep_merge(saved, overrides)])
     if not checkpoint_exists(run_dir):
+        failure = _recorded_failure(run_dir)
+        if failure is not None:
+            raise CheckpointError(f"{run_dir} has no checkpoint to resume from: its run failed before its first "
+                                  f"checkpoint ({failure}); its record stays there. Fix the cause, then start it "
+                                  f"again in a new directory (another run_name), or remove {run_dir}")
         log.warning("%s has no checkpoint (the run stopped before its first one): starting it again from "
                     "round 0 with its saved configuration and partition", run_dir)
         return ResumePoint(run_dir, cfg, overrides, from_round=0)
@@ -96,6 +102,20 @@ def load_resume_point(run_dir: Path, overrides: Optional[Dict[str, Any]] = None)
         log.warning(warning)
     return ResumePoint(run_dir, cfg, overrides, from_round=done, state=state,
                        partition_sha256=header.get("partition_sha256"), threads_warning=warning)
+
+
+def _recorded_failure(run_dir: Path) -> Optional[str]:
+    """'in round N: reason' when the run's summary.json records a failure (status 'failed'); else None."""
+    from .rundata import read_summary
+
+    try:
+        summary = read_summary(run_dir)
+    except CheckpointError:
+        return None  # a damaged summary says nothing: the run restarts as one that was killed
+    if not summary or summary.get("status") != "failed":
+        return None
+    reason = str(summary.get("reason") or "no reason recorded")[:300]
+    return f"in round {summary.get('stopped_in_round', '?')}: {reason}"
 
 
 def check_partition(point: ResumePoint, partition_sha256: str) -> None:

@@ -22,12 +22,15 @@ from . import adaptation, runinfo
 from .backend import ExecutionBackend
 from .comm import Communicator
 from .distributed.silent import SilentReporter
-from .errors import PflError
+from .checkpoint import checkpoint_exists
+from .clientstate import SPILL_DIR
+from .errors import ConfigError, PflError
 from .evaluation import History, per_client_metric, summarize
-from .monitor import RoundReporter, RunLogger
+from .monitor import RoundReporter, RunLogger, append_run_log
 from .reporting import strict_json
-from .rundir import RunDirectory
+from .rundir import RunDirectory, remove_empty_folders
 from .safefiles import write_atomic
+from .serverstore import SERVER_SPILL_DIR, ServerStores
 from .seeding import derive_seed, seed_everything
 from .server import ServerAggregator, ServerContext, SetupStep
 from .task import Task
@@ -99,6 +102,8 @@ class RoundLoop:
     setup_calls: int  # messages sent during set-up so far (resumed set-up continues their seeds)
     totals: Dict[str, int]
     failures: List[Dict[str, Any]]
+    server_stores: ServerStores
+    _checkpointed_round: Optional[int]  # the round the last checkpoint written or loaded by this process holds
 
     def run(self, stop_after: Optional[int] = None, on_round: Optional[Callable[[Dict[str, Any]], None]] = None,
             stop_in_setup: Optional[int] = None) -> Dict[str, Any]:
@@ -109,7 +114,8 @@ class RoundLoop:
             self.run_dir, cfg.rounds, self.completed_round, f"{cfg.algorithm}", self.task.metric_name,
             console=self.progress, eval_every=cfg.eval.every)
         interrupted = False
-        failed = True
+        self.current_round = self.completed_round if self.setup_done else 0
+        self.rounds_started = False  # a failure from here on keeps the run directory and records why
         try:
             # the run's thread setting holds for its rounds only; the process's own setting comes back afterwards
             with torch_threads(cfg.threads), reporter, _GracefulInterrupt() as stop:
@@ -117,6 +123,7 @@ class RoundLoop:
                 if not self.setup_done:
                     interrupted = not self._run_setup(stop, stop_in_setup, reporter)
                 for rnd in ([] if interrupted else range(self.completed_round + 1, cfg.rounds + 1)):
+                    self.current_round, self.rounds_started = rnd, True
                     started = time.perf_counter()
                     record = self.run_round(rnd)
                     self.completed_round = rnd
@@ -133,20 +140,81 @@ class RoundLoop:
                         break
                 reporter.note(f"{'paused' if interrupted else 'finished'} after round {self.completed_round} of "
                               f"{cfg.rounds}")
-            failed = False
-        finally:
+        except BaseException as exc:
             self.logger.close()
-            if failed:
-                self.abandon()  # removes the directory only if this start created it and nothing was saved
+            self._end_stopped(exc)
+            raise
+        self.logger.close()
         try:
             result = self.summary()
             result["interrupted"] = interrupted
+            result["status"] = "interrupted" if interrupted else "finished"
             if self.is_writer:
-                write_atomic(self.run_dir / "summary.json", json.dumps(strict_json(result), indent=2,
-                                                                       allow_nan=False))
+                _write_summary(self.run_dir, result)
+            # finished, and the last checkpoint holds every spilled state: the spill files go (a paused run keeps
+            # them: this process may go on)
+            if not interrupted and self.completed_round == self._checkpointed_round:
+                self._remove_spill_files()
         finally:
             self.rundir.release()
         return result
+
+    def _end_stopped(self, exc: BaseException) -> None:
+        """A run that failed (an error) or was stopped at once (a second Ctrl-C, SIGTERM) during ``run``.
+
+        Before round 1 it is a failed start: the directory goes when this start created it and no checkpoint exists
+        (``abandon``), and so does a refusal of the configuration (a ``ConfigError``) raised before the first round
+        finished, e.g. by a trainer built on its first message. Otherwise (the rounds have started, or the directory
+        was there before: a resume, a restart) the directory stays:
+        its metrics, run.log and tb/ plus a ``summary.json`` that says how the run ended (status 'failed' with the
+        reason, or 'interrupted'), and the last finished round; ``fl run --resume`` continues from its last
+        checkpoint. The lock is released either way."""
+        refusal = isinstance(exc, ConfigError) and self.completed_round == 0
+        goes = self.rundir.created and not checkpoint_exists(self.run_dir) and \
+            (refusal or not getattr(self, "rounds_started", False))
+        if goes or not self.is_writer:
+            self.abandon()  # removes the directory only if this start created it and nothing was saved
+            return
+        try:
+            self._record_stop(exc)
+        finally:
+            self.rundir.release()
+
+    def _record_stop(self, exc: BaseException) -> None:
+        failed = isinstance(exc, Exception)
+        reason = one_line_reason(exc) if failed else "stopped at once (Ctrl-C pressed twice, or SIGTERM)"
+        note = (f"FAILED in round {self.current_round} of {self.cfg.rounds}: {reason}" if failed
+                else f"stopped in round {self.current_round} of {self.cfg.rounds}: {reason}")
+        try:
+            append_run_log(self.run_dir, note)
+        except OSError:
+            pass
+        try:
+            result = self.summary()
+        except Exception:  # the record must not hide the failure itself
+            result = {"run_dir": str(self.run_dir), "algorithm": self.cfg.algorithm,
+                      "dataset": self.cfg.dataset.name, "rounds_completed": self.completed_round,
+                      "rounds": self.cfg.rounds, "seed": self.cfg.seed}
+        # 'interrupted' true as well: a reader that knows only that flag never takes this run for a finished one
+        result.update({"interrupted": True, "status": "failed" if failed else "interrupted",
+                       "stopped_in_round": self.current_round, "reason": reason})
+        try:
+            _write_summary(self.run_dir, result)
+        except OSError as err:  # e.g. the disk is full: run.log (if it could be written) still says why
+            log.warning("cannot write %s: %s", self.run_dir / "summary.json", err)
+
+    def _remove_spill_files(self) -> None:
+        """After a clean finish the final checkpoint holds every client's and the server's state: the spill files
+        of the declared states (clients.state_memory, server.state_memory) are no longer needed."""
+        remove = getattr(self.backend, "remove_spill_files", None)  # each process removes its own
+        if callable(remove):
+            remove()
+        self.server_stores.remove_spill_files()
+        if self.is_writer:  # a distributed run's per-rank folders sit in these
+            remove_empty_folders([self.run_dir / SPILL_DIR, self.run_dir / SERVER_SPILL_DIR])
+
+    current_round: int  # the round running now (0: set-up), for the record of a failure
+    rounds_started: bool
 
     def _run_setup(self, stop: "_GracefulInterrupt", pause_after: Optional[int], reporter: RoundReporter) -> bool:
         """The set-up phase (round 0); True once complete, False when paused.
@@ -300,3 +368,14 @@ class RoundLoop:
         if f"{m}/uniform" in record:
             out[m[:3]] = f"{record[f'{m}/uniform']:.4f}"
         return out
+
+
+def one_line_reason(exc: BaseException, limit: int = 500) -> str:
+    """Why a run failed, in one line: a user-facing error's own message, a bug's type and message."""
+    text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else ""
+    line = text if isinstance(exc, PflError) and text else f"{type(exc).__name__}: {text}".rstrip(": ")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _write_summary(run_dir: Path, result: Dict[str, Any]) -> None:
+    write_atomic(run_dir / "summary.json", json.dumps(strict_json(result), indent=2, allow_nan=False))

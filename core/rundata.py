@@ -47,11 +47,11 @@ class RunData:
 
     @property
     def status(self) -> str:
-        """'finished', 'failed' (its summary says so), 'interrupted' (a summary says so, or fewer rounds than
-        configured) or 'no summary' (still running, killed, or failed before it could write one)."""
+        """'finished', 'interrupted' (a summary says so, or fewer rounds than configured), 'failed' (its summary
+        records a failure) or 'no summary' (still running, killed, or failed before its rounds)."""
         if self.summary is None:
             return "no summary"
-        if self.summary.get("status") == "failed":
+        if self.summary.get("status") == "failed":  # the run failed during its rounds; summary.json says why
             return "failed"
         done = self.summary.get("rounds_completed")
         if self.summary.get("interrupted") or done != self.config.get("rounds", done):
@@ -138,8 +138,8 @@ def _is_round(value: Any) -> bool:
 # summary.json: the fields the commands read and what each must be (a number may be null: not evaluated)
 _SUMMARY_FIELDS = {"metric": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a name of 1-64 characters"),
                    "rounds_completed": (_is_round, "a round number"),
-                   "interrupted": (bool, "true or false"),
-                   "status": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a name of 1-64 characters"), "client_failures": (_is_number, "a number"),
+                   "interrupted": (bool, "true or false"), "client_failures": (_is_number, "a number"),
+                   "status": (lambda v: v in ("finished", "interrupted", "failed"), "finished, interrupted or failed"),
                    "bytes_up_total": (_is_number, "a number"), "bytes_down_total": (_is_number, "a number")}
 _SUMMARY_SECTIONS = ("final", "best", "best_weighted", "last")
 

@@ -1,5 +1,6 @@
 """The run directory of one start: named, created or reused, locked, cleaned, given its start files, and given up
-(removed when this start created it and nothing was saved) after a failed start.
+(removed when this start created it and nothing was saved) after a start that failed before its first round; a run
+that fails or is stopped during its rounds keeps its directory and records why (core/rounds.py).
 
 Every file operation goes through ``safefiles`` (no link followed, atomic rewrites, bounded reads); this module
 decides *which* entries a run directory may hold and what a start does with them.
@@ -89,6 +90,26 @@ def is_dead_start(path: Path) -> bool:
                for p in path.iterdir())
 
 
+def missing_parents(path: Path) -> List[Path]:
+    """The folders above ``path`` that do not exist yet, deepest first (what creating ``path`` would add)."""
+    out = []
+    for parent in Path(path).absolute().parents:
+        if os.path.lexists(parent):
+            break
+        out.append(parent)
+    return out
+
+
+def remove_empty_folders(folders: List[Path]) -> None:
+    """Remove ``folders`` (deepest first) while they are empty: the parents a failed start created, never one
+    another process has put something into meanwhile."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def prepare_run_dir(path: Path, exist_ok: bool = False) -> Path:
     if exist_ok and not path.is_dir():
         raise CheckpointError(f"{path} is not a run directory")
@@ -144,8 +165,10 @@ class RunDirectory:
             check_own_entries(path)  # nothing is written through a link planted in a reused directory
         if self.dead_start:
             log.warning("%s holds no run (no configuration, no checkpoint: a start stopped early): reusing it", path)
-        self.path = prepare_run_dir(path, exist_ok=reuse or self.dead_start) if is_writer else path
         self.created = is_writer and not reuse and not self.dead_start  # never remove one another start holds
+        # the folders above it this start creates (output_dir, e.g. runs/): a failed start removes them when empty
+        self.created_parents = missing_parents(path) if self.created else []
+        self.path = prepare_run_dir(path, exist_ok=reuse or self.dead_start) if is_writer else path
         self.lock = RunDirLock(self.path)
 
     def take(self, from_round_zero: bool) -> None:
@@ -170,11 +193,14 @@ class RunDirectory:
             data.save(self.path / "partition.json")
 
     def abandon(self) -> None:
-        """Give the directory up after a failed start: release the lock and, when this start created the directory
-        and no checkpoint exists yet, remove it (a failed start leaves nothing half-made behind)."""
+        """Give the directory up after a start that failed before its rounds began: release the lock and, when this
+        start created the directory and no checkpoint exists yet, remove it (a failed start leaves nothing
+        half-made behind). A run that failed during its rounds keeps its directory: ``RoundLoop.run`` records the
+        failure there and calls ``release`` instead."""
         self.lock.release()
         if self.created and not checkpoint_exists(self.path):
             shutil.rmtree(self.path, ignore_errors=True)
+            remove_empty_folders(self.created_parents)
 
     def release(self) -> None:
         self.lock.release()

@@ -180,6 +180,14 @@ class ServerStores:
                                           f"{str(cid)[:40]!r})")
                 store.put(cid, entries[cid])
 
+    def remove_spill_files(self) -> None:
+        """Remove the spill folder after the run finished (its checkpoint holds every entry; see
+        ``ClientStateStore.remove_spill_files``)."""
+        for store in self._stores.values():
+            store._backing.remove_spill_files()
+        if self.spill_root is not None:
+            shutil.rmtree(self.spill_root, ignore_errors=True)  # refuses a link: only a real folder is removed
+
     def clear(self) -> None:
         """Drop every entry and the spill folder (scratch space: checkpoints hold the entries)."""
         for store in self._stores.values():

@@ -24,7 +24,7 @@ from .clientstate import SPILL_DIR, parse_size
 from .serverstore import BUDGET_KEY as SERVER_BUDGET_KEY, SERVER_SPILL_DIR, ServerStores
 from .client import ClientContext, can_pool
 from .comm import Communicator
-from .config import config_fingerprint, to_plain
+from .config import MAX_MODEL_PARAMETERS, config_fingerprint, to_plain
 from .data import FederatedData, build_federated_data
 from .errors import CheckpointError, ConfigError, PflError
 from .evaluation import History
@@ -79,12 +79,14 @@ def check_model_fits_data(cfg: EasyDict, build_model: Callable[[], torch.nn.Modu
                           device: torch.device) -> None:
     """Build the model and run it on two real samples, so a model/data mismatch is one clear error up front."""
     bundle = data.bundle
+    _check_model_size(cfg, bundle.input_shape, bundle.task.output_dim)
     try:
         model = build_model()
     except Exception as exc:
         raise ConfigError(f"model '{cfg.model.name}' cannot be built for inputs of shape "
                           f"{tuple(bundle.input_shape)} with {bundle.task.output_dim} outputs: "
                           f"{type(exc).__name__}: {exc}") from exc
+    _refuse_model_size(cfg, bundle.input_shape, sum(p.numel() for p in model.parameters()))
     x = bundle.x[:2].to(device)
     if bundle.transform is not None:
         x = bundle.transform(x)
@@ -99,6 +101,47 @@ def check_model_fits_data(cfg: EasyDict, build_model: Callable[[], torch.nn.Modu
     if bundle.task.kind == "classification" and (out.ndim != 2 or out.shape[1] != bundle.task.output_dim):
         raise ConfigError(f"model '{cfg.model.name}' outputs shape {tuple(out.shape[1:])} per sample; dataset "
                           f"'{cfg.dataset.name}' needs {bundle.task.output_dim} class scores")
+
+
+# a model option holding a number above this (a width, a vocabulary) may make a model too large to allocate: its
+# parameters are counted on torch's meta device first. Not always: a forward pass on meta (which some builders run
+# to size their head) first imports torch's meta kernels, about 1.5 s
+LARGE_MODEL_OPTION = 10_000
+
+
+def _model_args(cfg: EasyDict) -> Dict[str, Any]:
+    return {k: v for k, v in cfg.model.items() if k not in ("name", "init_seed")}
+
+
+def _has_large_number(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_has_large_number(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > LARGE_MODEL_OPTION
+
+
+def _refuse_model_size(cfg: EasyDict, input_shape, count: int) -> None:
+    if count > MAX_MODEL_PARAMETERS:
+        shown = {k: v for k, v in _model_args(cfg).items() if not isinstance(v, (list, tuple)) or len(v) <= 8}
+        raise ConfigError(f"model '{cfg.model.name}' with {shown} has {count:,} parameters for inputs of shape "
+                          f"{tuple(input_shape)}; at most {MAX_MODEL_PARAMETERS:,} are allowed (fl show core): "
+                          f"choose smaller widths or layers")
+
+
+def _check_model_size(cfg: EasyDict, input_shape, output_dim: int) -> None:
+    """Refuse a model of more than MAX_MODEL_PARAMETERS parameters before any memory is spent on it, when one of its
+    options is large: it is built on torch's meta device (shapes only). A builder that cannot build there is left
+    to the real build, whose parameters are counted too."""
+    args = _model_args(cfg)
+    if not any(_has_large_number(v) for v in args.values()):
+        return
+    builder = reg.MODELS.get(cfg.model.name)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = builder(input_shape=tuple(input_shape), num_classes=output_dim, **args)
+        count = sum(p.numel() for p in model.parameters())
+    except Exception:  # not buildable on meta (or not at all): the real build reports it
+        return
+    _refuse_model_size(cfg, input_shape, count)
 
 
 class _ClientStatesView(Mapping):
@@ -243,6 +286,7 @@ class Simulation(RoundLoop):
         self.setup_calls = 0  # messages sent during set-up so far (resumed set-up continues their seeds)
         self.totals = {"bytes_up": 0, "bytes_down": 0, "failures": 0}
         self.failures: List[Dict[str, Any]] = []
+        self._checkpointed_round: Optional[int] = None  # the round the last checkpoint this process wrote holds
         if resuming:
             self._restore(_resume_state)
         else:
@@ -309,17 +353,20 @@ class Simulation(RoundLoop):
         self.totals = dict(state["totals"])
         self.failures = list(state["failures"])
         set_rng_state(state["rng"])
+        self._checkpointed_round = self.completed_round
 
     def checkpoint(self) -> None:
         if not self.is_writer:  # rank 0 writes; the others send it their clients' states, in the same order
             for cid in self.client_ids:
                 self.backend.get_state(cid)
+            self._checkpointed_round = self.completed_round
             return
         meta = {"config_sha256": config_fingerprint(self.cfg), "algorithm": self.cfg.algorithm,
                 "trainer": self.cfg.trainer.name, "aggregator": self.cfg.aggregator.name,
                 "round": self.completed_round, "num_clients": len(self.client_ids),
                 "torch_threads": torch.get_num_threads(), "partition_sha256": self.partition_sha256}
         save_checkpoint(self.run_dir, self._state(), meta)
+        self._checkpointed_round = self.completed_round
 
     # -- result ------------------------------------------------------------------------------------------------
     def summary(self) -> Dict[str, Any]:

@@ -185,17 +185,29 @@ def test_budget_spills_states_to_disk_with_the_same_numbers(tmp_path):
     over = {"rounds": 3, "partition": {"num_clients": 6}}
     unlimited, _ = run(tmp_path, "mem", "ditto", over)
     per_client = unlimited.backend.pool.store.memory_bytes // 6
-    spilled, _ = run(tmp_path, "disk", "ditto", {**over, "clients": {"state_memory": str(2 * per_client)}})
+    cfg = tiny_config("ditto", {"participation": {"join_ratio": 0.5}, **over,
+                                "clients": {"state_memory": str(2 * per_client)}})
+    spilled = Simulation(cfg, run_dir=tmp_path / "disk", tensorboard=False)
+    seen = {}
+
+    def last_round(record):  # the spill files, as they are during the run
+        if record["round"] == 3:
+            seen["files"] = sorted((tmp_path / "disk" / "client_state").glob("*.pt"))
+            seen["first"] = torch.load(seen["files"][0], weights_only=True)  # plain tensors: no code in the file
+            seen["personal"] = {cid: spilled.backend.get_state(cid)["personal"] for cid in spilled.client_ids}
+
+    spilled.run(on_round=last_round)
     store = spilled.backend.pool.store
     assert store.spills > 0 and store.spilled >= 4 and store.memory_bytes <= 2 * per_client
     assert records(tmp_path / "disk") == records(tmp_path / "mem")
-    files = sorted((tmp_path / "disk" / "client_state").glob("*.pt"))
-    assert len(files) == store.spilled
-    data = torch.load(files[0], weights_only=True)  # plain tensors and containers: no code in the file
+    assert len(seen["files"]) == store.spilled
+    data = seen["first"]
     assert set(data) == {"client", "state"} and set(data["state"]) == {"model", "personal"}  # the id is checked on read
     for cid in unlimited.client_ids:
         for k, v in unlimited.backend.get_state(cid)["personal"].items():
-            assert torch.equal(spilled.backend.get_state(cid)["personal"][k], v)
+            assert torch.equal(seen["personal"][cid][k], v)
+    # finished: the final checkpoint holds the states, the spill files are gone (issue 29)
+    assert not (tmp_path / "disk" / "client_state").exists()
 
 
 def test_store_keeps_the_least_recently_used_out_of_memory(tmp_path):

@@ -310,11 +310,15 @@ def test_every_client_failing_evaluation_fails_the_run(tmp_path, registries_snap
     one_clear_line(res, "every client failed evaluation in round 1")
 
 
-def test_a_start_that_fails_in_round_one_leaves_nothing(tmp_path, registries_snapshot):
+def test_a_run_that_fails_in_round_one_keeps_its_record(tmp_path, registries_snapshot):
+    # issue 29 (H3): once its rounds have started, a failed run keeps its directory and says why
     registries_snapshot.TRAINERS.register("fails_fit", FailsFit)
     res = fl("run", "--plugin", "fedavg", "--set", "trainer.name=fails_fit", "--set", f"output_dir={tmp_path}", *TINY)
     one_clear_line(res, "every selected client failed in round 1")
-    assert not any(tmp_path.iterdir())
+    [run] = list(tmp_path.iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 0
+    assert "every selected client failed in round 1" in (run / "run.log").read_text()
 
 
 def test_summary_is_strict_json(tmp_path):

@@ -40,13 +40,16 @@ def one_clear_line(res, fragment, status=2):
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
-    """A finished 2-round run whose client states spill to client_state/ (Ditto keeps a personal model; a zero
-    memory budget spills every state), copied for each test."""
+    """A finished 2-round run whose client states spilled to client_state/ (Ditto keeps a personal model; a zero
+    memory budget spills every state), copied for each test. A clean finish removes the spill files (issue 29: the
+    checkpoint holds the states); the folder a killed process would leave is put back, for the tests below."""
     root = tmp_path_factory.mktemp("template")
     res = fl("run", "--plugin", "ditto", "--set", f"output_dir={root}", "--set", "run_name=r",
              "--set", "clients.state_memory=0", *TINY)
     assert res.exit_code == 0, res.output
-    assert (root / "r" / "client_state" / "0.pt").is_file()
+    assert not (root / "r" / "client_state").exists()
+    (root / "r" / "client_state").mkdir()
+    (root / "r" / "client_state" / "0.pt").write_bytes(b"stale spill file of a killed process")
     return root / "r"
 
 
@@ -241,7 +244,10 @@ def test_a_disk_filling_while_spilling_is_one_line(tmp_path, monkeypatch):
     res = fl("run", "--plugin", "ditto", "--set", f"output_dir={tmp_path}", "--set", "clients.state_memory=0", *TINY)
     one_clear_line(res, "PytorchStreamWriter failed writing file data/0: file write failed; the run's last "
                         "checkpoint is intact")
-    assert not any(tmp_path.iterdir())  # a failed start leaves nothing behind
+    # the spill is in round 1: the rounds had started, so the run keeps its record and says why (issue 29)
+    [run] = list(tmp_path.iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and "file write failed" in summary["reason"]
 
 
 # -- a pooled trainer whose state swap raises ------------------------------------------------------------------

@@ -85,11 +85,14 @@ def _finish(code: int) -> None:
 
 def stopped_message(run_dir: Path) -> str:
     """What a run stopped at once by Ctrl-C says: how to continue, or that there is nothing to continue (a fresh
-    run's directory is removed when no checkpoint was written)."""
+    run stopped before round 1 leaves no directory; one stopped during its rounds keeps its record)."""
     from ..checkpoint import checkpoint_exists
 
     if checkpoint_exists(run_dir):
         return f"stopped; continue from the last checkpoint with:\n  fl run --resume {run_dir}"
+    if Path(run_dir).is_dir():
+        return (f"stopped before the first checkpoint; the record of its rounds stays in {run_dir}; start it "
+                f"again from round 0 with:\n  fl run --resume {run_dir}")
     return "stopped before the first checkpoint; nothing to resume"
 
 

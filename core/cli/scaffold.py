@@ -3,13 +3,17 @@ third party can start from: entry points in setup.cfg, the package, a test that 
 from __future__ import annotations
 
 import keyword
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import click
 
 from ..errors import ConfigError
+from ..params import short_repr
 from .common import friendly_errors
 
 PYPROJECT = """[build-system]
@@ -326,6 +330,41 @@ def _taken(name: str, kind: str, pkg: str, dist: str) -> Optional[str]:
     return None
 
 
+MAX_NAME = 64
+
+
+def _write_package(root: Path, files: Dict[Path, str]) -> None:
+    """Write ``files`` under ``root`` all or nothing: into a hidden temporary folder beside it, renamed to ``root``
+    once complete; a failure (a full disk, a name too long for the file system, no permission) removes what was
+    written and is one line."""
+    parent = root.parent
+    made = []  # the folders above root this command creates, deepest first
+    for folder in [parent, *parent.absolute().parents]:
+        if os.path.lexists(folder):
+            break
+        made.append(folder)
+    tmp = None
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name[:20]}-", suffix=".new", dir=parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # a plain folder, as mkdir makes it (mkdtemp's is private)
+        for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+        os.rename(tmp, root)  # fails if root appeared meanwhile (a non-empty folder is never replaced)
+    except OSError as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise ConfigError(f"cannot create {root}: {exc.strerror or exc}; nothing was written") from None
+
+
 @click.command("new-plugin")
 @click.argument("name")
 @click.option("--kind", "kind", type=click.Choice(sorted(KINDS)), default="algorithm", show_default=True,
@@ -340,7 +379,11 @@ def new_plugin_command(name: str, kind: str, parent: str) -> None:
     model: a model builder with a feature/head split. NAME must not be registered already.
     """
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise ConfigError(f"plugin name {name!r}: use lowercase letters, digits and '_', starting with a letter")
+        raise ConfigError(f"plugin name {short_repr(name)}: use lowercase letters, digits and '_', starting with a "
+                          f"letter")
+    if len(name) > MAX_NAME:  # it names a folder, a package and a distribution: file names have a length limit
+        raise ConfigError(f"plugin name {short_repr(name)}: {len(name)} characters is too long; use at most "
+                          f"{MAX_NAME}")
     if keyword.iskeyword(name):  # it names a Python function or class in the package
         raise ConfigError(f"plugin name {name!r} is a Python keyword; choose another name")
     pkg = f"pflkit_{name}"
@@ -357,14 +400,9 @@ def new_plugin_command(name: str, kind: str, parent: str) -> None:
     fields["run"] = run.format(**fields)
     fields["entry_points"] = "".join(f"{group} =\n    {name} = {target.format(**fields)}\n"
                                      for group, target in ENTRY_POINTS[kind].items())
-    try:
-        (root / pkg).mkdir(parents=True)
-        (root / "tests").mkdir()
-    except OSError as exc:
-        raise ConfigError(f"cannot create {root}: {exc.strerror}") from exc
-    (root / "pyproject.toml").write_text(PYPROJECT)
-    (root / "setup.cfg").write_text(SETUP_CFG.format(**fields))
-    (root / pkg / "__init__.py").write_text(init.format(**fields))
-    (root / "tests" / f"test_{name}.py").write_text(test.format(**fields))
-    (root / "README.md").write_text((README if kind == "algorithm" else KIND_README).format(**fields))
+    files = {Path("pyproject.toml"): PYPROJECT, Path("setup.cfg"): SETUP_CFG.format(**fields),
+             Path(pkg) / "__init__.py": init.format(**fields),
+             Path("tests") / f"test_{name}.py": test.format(**fields),
+             Path("README.md"): (README if kind == "algorithm" else KIND_README).format(**fields)}
+    _write_package(root, files)
     click.echo(f"created {kind} plugin package {root} ({holds})\nnext:\n  pip install -e {root}\n  {fields['run']}")

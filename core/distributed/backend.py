@@ -291,6 +291,10 @@ class DistributedBackend(ExecutionBackend):
         """Whether this rank keeps ``cid``'s state (a resume loads only those states from the checkpoint)."""
         return self.owner.get(cid) == self.rank
 
+    def remove_spill_files(self) -> None:
+        if self.inner is not None:
+            self.inner.remove_spill_files()
+
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()

@@ -305,6 +305,9 @@ def _stopped_message(backend: DistributedBackend) -> str:
         return "interrupted during start-up; nothing was run"
     if checkpoint_exists(run_dir):
         return f"stopped; continue from the last checkpoint with: fl run --resume {run_dir}"
+    if Path(run_dir).is_dir():  # stopped during its rounds: the record stays
+        return (f"stopped before the first checkpoint; the record of its rounds stays in {run_dir}; start it again "
+                f"from round 0 with: fl run --resume {run_dir}")
     return "stopped before the first checkpoint; nothing to resume"
 
 
