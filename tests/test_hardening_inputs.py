@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from pflkit.core import Simulation
-from pflkit.core.results import rundata
+from pflkit.core.storage import rundata
 from pflkit.core.cli.main import cli
 from pflkit.core.engine.config import resolve
 from pflkit.core.results.runplot import band_alpha, legend_outside

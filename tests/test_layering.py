@@ -19,7 +19,7 @@ LAYERS = [
     "common",       # errors, strict JSON, safe files, seeds, threads, call timer
     "api",          # the plugin API: algorithm, client, server, protocol, params, task, training, state, registry...
     "data",         # building the federated data set
-    "storage",      # the run directory and what is written into it
+    "storage",      # the run directory: what is written into it and read back from it
     "engine",       # configuring, starting, resuming and running a simulation
     "results",      # reading and presenting finished runs
     "distributed",  # the multi-process runner (torchrun / --workers)

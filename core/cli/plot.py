@@ -21,7 +21,7 @@ def plot_command(run_dirs: Tuple[str, ...], out: str, band: str) -> None:
 
     Per run: the test metric per evaluated round, uniform and weighted, with the across-client spread as a band,
     and the train and test loss; nothing is rerun."""
-    from ..results.rundata import load_runs
+    from ..storage.rundata import load_runs
     from ..results.runplot import plot_runs
 
     runs = load_runs([Path(d) for d in run_dirs])

@@ -62,7 +62,7 @@ def _port(addr: str) -> int:
 
 def _resumed_clients(run_dir: str) -> Optional[int]:
     """The client count in a run directory's config.json (None when unreadable: the workers then report it)."""
-    from ..results.rundata import config_value, read_config
+    from ..storage.rundata import config_value, read_config
 
     try:
         n = config_value(read_config(Path(run_dir)) or {}, "partition.num_clients")

@@ -42,7 +42,7 @@ import numpy as np
 from ..storage.checkpoint import CHECKPOINT_NAME
 from ..engine.config import parse_sets, resolve, to_plain, without_neutral_defaults
 from ..common.errors import CheckpointError, ConfigError
-from .rundata import read_config, read_records, read_summary
+from ..storage.rundata import read_config, read_records, read_summary
 
 log = logging.getLogger("pflkit")
 

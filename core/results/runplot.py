@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..common.errors import ConfigError
-from .rundata import RunData, write_output
+from ..storage.rundata import RunData, write_output
 
 # band name -> the per-round record keys (suffixes of ``<metric>/``) of its lower and upper edge
 BANDS = {"p10-p90": ("p10", "p90"), "min-max": ("min", "max"), "std": ("std", "std"), "none": None}
