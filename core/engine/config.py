@@ -18,7 +18,7 @@ from easydict import EasyDict
 
 from ..common.errors import ConfigError, PflError, did_you_mean
 from ..api.params import (Param, ParamSpec, non_negative, open_unit_interval, parse_value, plain_name, positive,
-                     ratio_range, seed_range, thread_count)
+                          ratio_range, seed_range, thread_count)
 from ..common import strictjson
 from ..api import adaptation
 from . import compose

@@ -27,7 +27,7 @@ from ..api.clientstate import SPILL_DIR
 from ..data.data import ClientSplit, FederatedData
 from ..common.errors import CheckpointError, DataError, PflError
 from ..common.safefiles import (RunFileError, check_run_dir, open_rw, read_regular, remove_temporaries, unlink_entry,
-                        write_atomic)
+                                write_atomic)
 from ..api.serverstore import SERVER_SPILL_DIR
 
 try:
