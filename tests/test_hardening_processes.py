@@ -324,7 +324,7 @@ def test_the_timer_raises_inside_the_call_and_waits_for_imports():
 _HUNG_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
-    from pflkit.core import calltimer
+    from pflkit.core.common import calltimer
     calltimer.hard_limit = lambda seconds: seconds + 1.0  # the watchdog acts 1 s after the deadline (test speed)
     import test_hardening_processes as t
     from pflkit.core.engine.simulation import Simulation
