@@ -67,9 +67,9 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     from pflkit.core import DATASETS, Simulation
-    from pflkit.core.backend import SerialBackend
-    from pflkit.core.clientstate import state_nbytes
-    from pflkit.core.config import resolve
+    from pflkit.core.engine.backend import SerialBackend
+    from pflkit.core.api.clientstate import state_nbytes
+    from pflkit.core.engine.config import resolve
 
     torch.set_num_threads(1)
     n = spec["clients"]
@@ -119,7 +119,7 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
             "kept_memory": pool.store.memory_bytes if pool is not None else None,
             "kept_disk": pool.store.spilled * state_nbytes(pool.initial) if pool is not None else None,
             "checkpoint_bytes": result["checkpoint_bytes"],
-            # the server's per-client stores (core.serverstore): tensor bytes in memory, spill files on disk
+            # the server's per-client stores (core.api.serverstore): tensor bytes in memory, spill files on disk
             "server_memory": sim.server_stores.memory_bytes,
             "server_entries": sum(len(sim.server_stores.store(n)) for n in sim.server_stores.names()),
             "server_disk": sum(p.stat().st_size for p in (run_dir / "server_state").rglob("*.pt")),
@@ -134,9 +134,9 @@ def breakdown(n: int) -> None:
     import torch
 
     from pflkit.core import DATASETS
-    from pflkit.core.config import resolve
-    from pflkit.core.data import build_federated_data
-    from pflkit.core.privacy import PrivacyGuard
+    from pflkit.core.engine.config import resolve
+    from pflkit.core.data.data import build_federated_data
+    from pflkit.core.engine.privacy import PrivacyGuard
 
     torch.set_num_threads(1)
     rss = lambda: int(next(ln for ln in Path("/proc/self/status").read_text().splitlines()

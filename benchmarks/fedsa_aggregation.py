@@ -33,7 +33,7 @@ from easydict import EasyDict
 from torch import nn
 
 from pflkit.core import ClientContext, ServerContext, TensorData, classification
-from pflkit.core.state import weighted_average
+from pflkit.core.api.state import weighted_average
 from pflkit_fedavg import FedAvgTrainer
 from pflkit_fedsa import FedSAAggregator
 

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from pflkit.core.privacy import PrivacyGuard
+from pflkit.core.engine.privacy import PrivacyGuard
 from pflkit.models.cnn import cnn4
 from pflkit.models.resnet import resnet18
 

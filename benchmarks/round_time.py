@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from pflkit.core import DATASETS, DatasetBundle, Simulation, classification
-from pflkit.core.config import resolve
-from pflkit.core.seeding import derive_seed, seed_everything
-from pflkit.core.state import weighted_average
-from pflkit.core.training import make_optimizer, minibatches, run_sgd
+from pflkit.core.engine.config import resolve
+from pflkit.core.common.seeding import derive_seed, seed_everything
+from pflkit.core.api.state import weighted_average
+from pflkit.core.api.training import make_optimizer, minibatches, run_sgd
 
 
 def synthetic_cifar(root=None, download=True, n: int = 10000) -> DatasetBundle:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def _config(args: argparse.Namespace):
     from pflkit.core import DATASETS
-    from pflkit.core.config import resolve
+    from pflkit.core.engine.config import resolve
 
     if args.dataset == "synthetic_cifar":
         from round_time import synthetic_cifar

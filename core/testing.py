@@ -12,9 +12,16 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .backend import SerialBackend
-from .config import deep_merge, parse_sets, resolve, to_plain
-from .simulation import Simulation
+from .cli.main import cli
+from .distributed.backend import DistributedBackend
+from .engine.backend import SerialBackend
+from .engine.compose import composition
+from .engine.config import deep_merge, load_file, parse_sets, resolve, to_plain
+from .engine.simulation import Simulation, make_model_factory
+
+# Besides its own helpers, this module is where a plugin's tests find the core's pieces they drive directly: the fl
+# command (``cli``), configuration (``resolve``, ``parse_sets``, ``load_file``, ``composition``), the backends and
+# ``make_model_factory``; with ``pflkit.core`` that is all a plugin imports (tests/test_public_api.py).
 
 TINY: Dict[str, Any] = {
     "rounds": 2, "device": "cpu",
@@ -57,9 +64,9 @@ def quick_run(algorithm: str, tmp_path: Path, overrides: Optional[Dict[str, Any]
 
 def run_capturing_replies(sim: Simulation) -> Dict[int, Dict[int, Dict[str, Any]]]:
     """Run ``sim`` and return what its aggregator received: round -> client -> fit reply (uploads, counts). A field
-    the aggregator streams (``mean_fields``, core/fold.py) reached it as one shared ``WeightedMean``; here it is the
+    the aggregator streams (``mean_fields``, core/api/fold.py) reached it as one shared ``WeightedMean``; here it is the
     client's own upload, kept aside for the test (a serial run; on a distributed backend it stays the mean)."""
-    from .state import WeightedMean
+    from .api.state import WeightedMean
 
     captured: Dict[int, Dict[int, Dict[str, Any]]] = {}
     raw: Dict[int, Dict[str, Any]] = {}
@@ -137,8 +144,6 @@ def assert_one_line_error(args: Sequence[str], fragment: str, out_dir: Path, str
     to be all the output and ``out_dir`` to stay empty, files included. Returns the output."""
     from click.testing import CliRunner
 
-    from .cli.main import cli
-
     res = CliRunner().invoke(cli, list(args))
     assert res.exit_code == 2, res.output
     errors = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
@@ -203,7 +208,7 @@ def assert_workers_match_serial(algorithm: str, overrides: Optional[Dict[str, An
 
 
 def fold_tolerance(states: Sequence[Dict[str, Any]]) -> float:
-    """The bound within which streaming aggregation (core.fold: ``sum w_i x_i`` accumulated in float32, then
+    """The bound within which streaming aggregation (core.api.fold: ``sum w_i x_i`` accumulated in float32, then
     divided) and the all-replies ``weighted_average`` (float32 accumulation of ``(w_i / W) x_i``) agree on K float32
     states, and within which either is the exact mean: each of K accumulation steps rounds once, so
     ``|a - b| <= (K + 1) * 2**-23 * max_i |x_i|`` elementwise (the ``+ 1``: the final rounding)."""

@@ -11,14 +11,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pflkit.core.data import dataset_root, root_words
-from pflkit.core.errors import DataError
+from pflkit.core.data.data import dataset_root, root_words
+from pflkit.core.common.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def data_root(root: Optional[str]) -> Path:
-    """``dataset.root`` resolved by the core's one rule (pflkit.core.data.dataset_root)."""
+    """``dataset.root`` resolved by the core's one rule (pflkit.core.data.data.dataset_root)."""
     return dataset_root(root)
 
 

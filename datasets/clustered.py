@@ -33,10 +33,10 @@ from typing import Any, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from pflkit.core.data import DatasetBundle
-from pflkit.core.errors import DataError
-from pflkit.core.params import Param, positive
-from pflkit.core.task import classification
+from pflkit.core.data.data import DatasetBundle
+from pflkit.core.common.errors import DataError
+from pflkit.core.api.params import Param, positive
+from pflkit.core.api.task import classification
 
 from .feature_shift import _stratified_deal
 

@@ -24,10 +24,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from pflkit.core.data import DatasetBundle, root_words
-from pflkit.core.errors import DataError
-from pflkit.core.params import Param, positive
-from pflkit.core.task import classification
+from pflkit.core.data.data import DatasetBundle, root_words
+from pflkit.core.common.errors import DataError
+from pflkit.core.api.params import Param, positive
+from pflkit.core.api.task import classification
 
 from ._common import (NormalizeUint8, channel_stats, data_root, ensure_files, list_images, load_images, missing,
                       read_idx, resize_uint8, to_channels)

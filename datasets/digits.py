@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from pflkit.core.data import DatasetBundle
-from pflkit.core.params import Param
-from pflkit.core.task import classification
+from pflkit.core.data.data import DatasetBundle
+from pflkit.core.api.params import Param
+from pflkit.core.api.task import classification
 
 # Pixel values are 0..16; /16 gives [0, 1] (mean 0.31, std 0.38 over the whole set), then (x - 0.3) / 0.4 gives
 # roughly zero mean and unit variance.

@@ -40,10 +40,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pflkit.core.data import DatasetBundle
-from pflkit.core.errors import DataError
-from pflkit.core.params import Param, positive
-from pflkit.core.task import classification
+from pflkit.core.data.data import DatasetBundle
+from pflkit.core.common.errors import DataError
+from pflkit.core.api.params import Param, positive
+from pflkit.core.api.task import classification
 
 from ._common import NormalizeUint8, channel_stats
 

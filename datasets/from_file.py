@@ -20,9 +20,9 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from pflkit.core.data import ClientSplit, DatasetInfo, check_no_shared_samples
-from pflkit.core.errors import DataError
-from pflkit.core.params import Param
+from pflkit.core.data.data import ClientSplit, DatasetInfo, check_no_shared_samples
+from pflkit.core.common.errors import DataError
+from pflkit.core.api.params import Param
 
 PARTITION_FILE = "partition.json"
 
@@ -40,8 +40,8 @@ def read_split(path: str) -> Tuple[dict, List[dict]]:
         raise DataError(f"partition file {str(file)!r} does not exist (partition.from / partition.path: a run "
                         f"directory or a JSON split file)")
     try:
-        from pflkit.core.safefiles import read_regular  # bounded; no FIFO or device (a hang, endless memory)
-        from pflkit.core.strictjson import loads as strict_loads  # no duplicate keys, no deep nesting
+        from pflkit.core.common.safefiles import read_regular  # bounded; no FIFO or device (a hang, endless memory)
+        from pflkit.core.common.strictjson import loads as strict_loads  # no duplicate keys, no deep nesting
 
         doc = strict_loads(read_regular(file, 1 << 30).decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:

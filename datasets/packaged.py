@@ -4,7 +4,7 @@ Checked on 2026-11-24: each archive downloaded with the registry's own client, i
 files counted and read by the loaders (README, "Real data without internet"). A new version of a package is a
 new pin, never a silent change.
 """
-from pflkit.core.datasources import PackageSource
+from pflkit.core.data.datasources import PackageSource
 
 FASHION_MNIST = PackageSource(
     registry="debian", package="dataset-fashion-mnist", version="0.0~git20200523.55506a9-1",

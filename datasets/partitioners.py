@@ -9,8 +9,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from pflkit.core.errors import DataError
-from pflkit.core.params import Param, positive
+from pflkit.core.common.errors import DataError
+from pflkit.core.api.params import Param, positive
 
 
 def _check_enough(n: int, num_clients: int, min_size: int) -> None:
@@ -289,7 +289,7 @@ def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, grou
     """One client per natural group (a speaker, a writer), its samples split in dataset order: the first
     ``1 - test_fraction`` train, the rest (at least one) test -- the FedAvg paper's split of a Shakespeare role
     into its first 80% and last 20% of lines. With fewer clients than groups, a seeded choice of groups."""
-    from pflkit.core.data import ClientSplit
+    from pflkit.core.data.data import ClientSplit
 
     if groups is None:
         raise DataError("partitioner 'natural' needs a dataset that defines groups (speakers, writers); this dataset "

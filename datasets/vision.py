@@ -15,10 +15,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from pflkit.core.data import DatasetBundle
-from pflkit.core.errors import DataError
-from pflkit.core.params import Param, positive
-from pflkit.core.task import classification
+from pflkit.core.data.data import DatasetBundle
+from pflkit.core.common.errors import DataError
+from pflkit.core.api.params import Param, positive
+from pflkit.core.api.task import classification
 
 from ._common import (NormalizeUint8, channel_stats, data_root, ensure_files, install_command, list_images,
                       load_images, missing, read_idx, size_pair)

@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from pflkit.core.params import Param, non_negative
+from pflkit.core.api.params import Param, non_negative
 
 
 class SplitModel(nn.Module):

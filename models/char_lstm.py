@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from pflkit.core.params import Param, positive
+from pflkit.core.api.params import Param, positive
 
 from .base import PROJECTION_PARAM, split_model
 

@@ -6,7 +6,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from pflkit.core.params import Param, non_negative, positive
+from pflkit.core.api.params import Param, non_negative, positive
 
 from .base import PROJECTION_PARAM, SplitModel, split_model
 

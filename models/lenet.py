@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 
 from torch import nn
 
-from pflkit.core.params import Param
+from pflkit.core.api.params import Param
 
 from .base import PROJECTION_PARAM, SplitModel, flat_size, split_model
 

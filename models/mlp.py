@@ -6,7 +6,7 @@ from typing import Sequence
 
 from torch import nn
 
-from pflkit.core.params import Param
+from pflkit.core.api.params import Param
 
 from .base import PROJECTION_PARAM, SplitModel, split_model
 

@@ -8,8 +8,8 @@ from typing import List, Sequence
 import torch
 from torch import nn
 
-from pflkit.core.errors import ConfigError
-from pflkit.core.params import Param, positive
+from pflkit.core.common.errors import ConfigError
+from pflkit.core.api.params import Param, positive
 
 from .base import PROJECTION_PARAM, SplitModel, split_model
 

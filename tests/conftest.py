@@ -10,7 +10,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 @pytest.fixture
 def registries_snapshot():
     """Undo in-process registrations made by a test."""
-    from pflkit.core import registry as reg
+    from pflkit.core.api import registry as reg
 
     for r in reg.ALL_REGISTRIES.values():
         r._discover()  # snapshot the discovered entries too, or restoring would forget them

@@ -158,7 +158,7 @@ def _fl_group():
 
 
 def _resolve(plugin: str, sets: List[str]) -> None:
-    from pflkit.core.config import parse_sets, resolve
+    from pflkit.core.engine.config import parse_sets, resolve
     resolve([parse_sets(sets)], algorithm=plugin)
 
 

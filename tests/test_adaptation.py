@@ -1,4 +1,4 @@
-"""Evaluation-time adaptation (core/adaptation.py): a scratch copy is adapted and scored; the client's kept state,
+"""Evaluation-time adaptation (core/api/adaptation.py): a scratch copy is adapted and scored; the client's kept state,
 the training randomness and everything the run trains stay exactly as without it; the cost is reported."""
 import json
 from pathlib import Path
@@ -10,15 +10,15 @@ from easydict import EasyDict
 from torch import nn
 
 from pflkit.core import Simulation
-from pflkit.core.adaptation import AdaptationSettings, evaluation_rounds, settings_from_config
-from pflkit.core.backend import SerialBackend
+from pflkit.core.api.adaptation import AdaptationSettings, evaluation_rounds, settings_from_config
+from pflkit.core.engine.backend import SerialBackend
 from pflkit.core.cli.main import cli
-from pflkit.core.client import ClientContext
-from pflkit.core.clientstate import same_state
-from pflkit.core.errors import ConfigError
-from pflkit.core.task import classification
+from pflkit.core.api.client import ClientContext
+from pflkit.core.api.clientstate import same_state
+from pflkit.core.common.errors import ConfigError
+from pflkit.core.api.task import classification
 from pflkit.core.testing import run_capturing_replies, tiny_config
-from pflkit.core.training import TensorData
+from pflkit.core.api.training import TensorData
 from pflkit_fedavg import FedAvgTrainer
 from pflkit_fedper import FedPerTrainer
 
@@ -208,7 +208,7 @@ def test_bad_values_are_one_line_and_exit_2(tmp_path, sets, message, registries_
 
 
 def test_a_trainer_overriding_on_evaluate_can_declare_it_adapts():
-    from pflkit.core.adaptation import check_trainer
+    from pflkit.core.api.adaptation import check_trainer
 
     class Scores(FedAvgTrainer):
         def on_evaluate(self, payload):

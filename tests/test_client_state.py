@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from pflkit.core import LocalSGDTrainer, Simulation
-from pflkit.core.checkpoint import CHECKPOINT_NAME, MAGIC, load_checkpoint, open_checkpoint, to_safe
-from pflkit.core.client import can_pool, state_declared
-from pflkit.core.clientstate import ClientStateStore, parse_size, same_state
-from pflkit.core.errors import ConfigError
-from pflkit.core.server import GlobalModelAggregator, ServerAggregator
+from pflkit.core.storage.checkpoint import CHECKPOINT_NAME, MAGIC, load_checkpoint, open_checkpoint, to_safe
+from pflkit.core.api.client import can_pool, state_declared
+from pflkit.core.api.clientstate import ClientStateStore, parse_size, same_state
+from pflkit.core.common.errors import ConfigError
+from pflkit.core.api.server import GlobalModelAggregator, ServerAggregator
 from pflkit.core.testing import OneTrainerPerClient as LegacyBackend, tiny_config
 
 
@@ -225,7 +225,7 @@ def test_store_keeps_the_least_recently_used_out_of_memory(tmp_path):
 def test_full_disk_while_spilling_is_one_error_and_the_run_resumes(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from pflkit.core import clientstate
+    from pflkit.core.api import clientstate
     from pflkit.core.cli.main import cli
 
     def fl(*args):
@@ -257,7 +257,7 @@ def test_full_disk_while_spilling_is_one_error_and_the_run_resumes(tmp_path, mon
 def test_a_failing_pooled_client_is_rolled_back_as_on_the_legacy_path(tmp_path, rollback, budget):
     from pflkit_fedper import FedPerTrainer
 
-    from pflkit.core import registry
+    from pflkit.core.api import registry
 
     class FailsOnTwo(FedPerTrainer):  # trains (changing its head), then raises
         declares_state = True

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from sklearn.datasets import load_digits
 
 from pflkit.core.cli.main import cli
-from pflkit.core.errors import DataError
+from pflkit.core.common.errors import DataError
 from pflkit.core.testing import assert_run_refused
 from pflkit.datasets.clustered import client_clusters, label_maps, load_digits_clusters
 

@@ -9,8 +9,8 @@ import torch
 from click.testing import CliRunner
 
 from pflkit.core.cli.compare import compare_command
-from pflkit.core.compare import run_comparison
-from pflkit.core.errors import CheckpointError, ConfigError, PflError, UnknownNameError
+from pflkit.core.results.compare import run_comparison
+from pflkit.core.common.errors import CheckpointError, ConfigError, PflError, UnknownNameError
 from pflkit.core.testing import TINY
 
 ALGOS = ["fedavg", "local"]
@@ -92,7 +92,7 @@ def test_a_run_made_before_a_neutral_key_existed_is_still_reused(tmp_path):
 
 def test_interrupted_run_is_resumed(tmp_path):
     from pflkit.core import Simulation
-    from pflkit.core.config import resolve
+    from pflkit.core.engine.config import resolve
 
     cfg = resolve([TINY, {"seed": 0}], algorithm="fedavg")
     run_dir = tmp_path / "runs" / "fedavg-seed0"
@@ -228,7 +228,7 @@ def test_cli_variants_with_list_values_and_jobs(tmp_path):
 def test_serial_runs_use_one_torch_thread_and_restore_it(tmp_path, monkeypatch):
     import torch
 
-    import pflkit.core.compare as compare
+    import pflkit.core.results.compare as compare
 
     seen = []
     real = compare._execute
@@ -329,7 +329,7 @@ def test_clients_rejected_for_nan_are_counted(tmp_path, registries_snapshot):
 
 
 def test_incomplete_runs_are_left_out_of_the_statistics_and_fail_the_cli(tmp_path, monkeypatch):
-    import pflkit.core.compare as compare
+    import pflkit.core.results.compare as compare
     from pflkit.core import Simulation
 
     real = compare._execute

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from pflkit.core.config import load_file, parse_sets, resolve
-from pflkit.core.errors import ConfigError, UnknownNameError
-from pflkit.core.params import parse_value
+from pflkit.core.engine.config import load_file, parse_sets, resolve
+from pflkit.core.common.errors import ConfigError, UnknownNameError
+from pflkit.core.api.params import parse_value
 
 
 def test_layer_precedence_core_algorithm_file_set():

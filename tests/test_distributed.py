@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from pflkit.core import Algorithm
-from pflkit.core import registry as reg
-from pflkit.core.config import deep_merge, to_plain
-from pflkit.core.distributed.assign import assign_clients
-from pflkit.core.simulation import Simulation
+from pflkit.core.api import registry as reg
+from pflkit.core.engine.config import deep_merge, to_plain
+from pflkit.core.engine.assign import assign_clients
+from pflkit.core.engine.simulation import Simulation
 from pflkit.core.testing import run_in_own_session, tiny_config
 
 FAST = ["fedavg", "fedcac", "fedcp", "fedsa"]
@@ -98,7 +98,7 @@ def _tiny(algorithm: str, over: dict):
 
 
 def _failures(run_dir: Path) -> List[tuple]:
-    from pflkit.core.checkpoint import load_checkpoint
+    from pflkit.core.storage.checkpoint import load_checkpoint
 
     return [(f["round"], f["client"], f["reason"]) for f in load_checkpoint(run_dir)[1]["failures"]]
 
@@ -143,7 +143,7 @@ def _group_worker(rank: int, world: int, port: int, jobs: List[dict]) -> None:
 @contextlib.contextmanager
 def _data_built():
     """The clients whose data tensors this process builds while the block runs, in order of building."""
-    from pflkit.core.data import FederatedData
+    from pflkit.core.data.data import FederatedData
 
     built: List[int] = []
     original = FederatedData.client_tensors
@@ -325,7 +325,7 @@ def test_nccl_without_gpus_is_one_line_before_any_process_starts(tmp_path, monke
 
 def test_collective_backend_choice():
     from pflkit.core.distributed.backend import device_collective_backend as pick
-    from pflkit.core.errors import ConfigError
+    from pflkit.core.common.errors import ConfigError
 
     gpu, cpu = torch.device("cuda", 1), torch.device("cpu")
     assert pick("auto", gpu, nccl_available=True) == "nccl"
@@ -474,7 +474,7 @@ def _fast_worker(rank: int, world: int, port: int, jobs: List[dict], count_dir: 
 
 
 def test_fast_path_all_reduces_fedavg_close_to_the_serial_numbers(tmp_path, misbehaving):
-    from pflkit.core.checkpoint import load_checkpoint
+    from pflkit.core.storage.checkpoint import load_checkpoint
 
     fast = ["distributed.exact=false"]
     jobs = [{**_fresh(tmp_path, algo, f"fast-{algo}", rounds=3)} for algo in ("fedavg", "misbehaving")]

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from pflkit.core.evaluation import History, summarize
-from pflkit.core.protocol import BitMask, first_non_finite, payload_nbytes
-from pflkit.core.state import weighted_average
+from pflkit.core.engine.evaluation import History, summarize
+from pflkit.core.api.protocol import BitMask, first_non_finite, payload_nbytes
+from pflkit.core.api.state import weighted_average
 
 
 def test_summary_uniform_weighted_and_spread():

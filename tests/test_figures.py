@@ -1,12 +1,12 @@
-"""core/figures.py: per-client matrices become readable figures (client ids on the axes, a colour bar, a title),
+"""core/results/figures.py: per-client matrices become readable figures (client ids on the axes, a colour bar, a title),
 and FedCAC's overlap and FedSA's similarity reach TensorBoard as such figures, not N x N-pixel arrays."""
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pflkit.core.figures import matrix_figure_rgb
-from pflkit.core.simulation import Simulation
+from pflkit.core.results.figures import matrix_figure_rgb
+from pflkit.core.engine.simulation import Simulation
 from pflkit.core.testing import tiny_config
 
 

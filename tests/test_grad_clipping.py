@@ -3,7 +3,7 @@ import torch
 from easydict import EasyDict
 
 from pflkit.core.testing import quick_run
-from pflkit.core.training import make_optimizer, run_sgd
+from pflkit.core.api.training import make_optimizer, run_sgd
 
 
 def _cfg(**kw):

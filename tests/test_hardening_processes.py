@@ -19,10 +19,10 @@ from typing import Dict, List, Optional
 import pytest
 
 from pflkit.core import Algorithm
-from pflkit.core import registry as reg
-from pflkit.core.checkpoint import checkpoint_exists, load_checkpoint
-from pflkit.core.comm import ClientAbort
-from pflkit.core.simulation import Simulation
+from pflkit.core.api import registry as reg
+from pflkit.core.storage.checkpoint import checkpoint_exists, load_checkpoint
+from pflkit.core.engine.comm import ClientAbort
+from pflkit.core.engine.simulation import Simulation
 from pflkit.core.testing import tiny_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PFLKIT_RENDEZVOUS_TIMEOUT": "120", "PFLKIT_DIST_TIMEOUT": "120"}
@@ -250,7 +250,7 @@ def test_a_master_port_in_use_and_too_many_workers_are_one_line(tmp_path, monkey
 
 
 def test_omp_num_threads_must_be_a_thread_count(tmp_path):
-    from pflkit.core.threads import env_threads_problem
+    from pflkit.core.common.threads import env_threads_problem
 
     assert env_threads_problem("2") is None and env_threads_problem("4,2") is None  # OpenMP's nested form too
     for bad in ("abc", "0", "-1", "1025", "2147483648", "\u00b2", "9" * 5000, "3,,2"):
@@ -308,7 +308,7 @@ def test_client_timeout_fails_a_hanging_client(tmp_path, registered):
 
 
 def test_the_timer_raises_inside_the_call_and_waits_for_imports():
-    from pflkit.core import calltimer
+    from pflkit.core.common import calltimer
 
     started = time.monotonic()
     with pytest.raises(calltimer.ClientTimedOut):
@@ -324,10 +324,10 @@ def test_the_timer_raises_inside_the_call_and_waits_for_imports():
 _HUNG_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
-    from pflkit.core import calltimer
+    from pflkit.core.common import calltimer
     calltimer.hard_limit = lambda seconds: seconds + 1.0  # the watchdog acts 1 s after the deadline (test speed)
     import test_hardening_processes as t
-    from pflkit.core.simulation import Simulation
+    from pflkit.core.engine.simulation import Simulation
     from pflkit.core.testing import tiny_config
     t._register("stubborn", t._ignores_the_timeout)
     t._import_lazy_parts()
@@ -371,7 +371,7 @@ def test_client_timeout_and_sys_exit_in_a_two_process_run(tmp_path, registered):
     """Each rank times its own clients' calls: the hanging client fails on its rank, every rank skips it."""
     import torch.multiprocessing as mp
 
-    from pflkit.core.config import to_plain
+    from pflkit.core.engine.config import to_plain
 
     run = tmp_path / "r"
     cfg = tiny_config("misbehaves", {"rounds": 3, "checkpoint": {"every": 1}, "failures": {"client_timeout": 3},

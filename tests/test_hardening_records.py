@@ -19,11 +19,11 @@ import torch
 from click.testing import CliRunner
 
 from pflkit.core import LocalSGDTrainer, Simulation
-from pflkit.core.checkpoint import CHECKPOINT_NAME
+from pflkit.core.storage.checkpoint import CHECKPOINT_NAME
 from pflkit.core.cli.main import cli
-from pflkit.core.errors import CheckpointError, PflError
-from pflkit.core.rundata import load_run
-from pflkit.core.rundir import RunDirLock
+from pflkit.core.common.errors import CheckpointError, PflError
+from pflkit.core.storage.rundata import load_run
+from pflkit.core.storage.rundir import RunDirLock
 from pflkit.core.testing import tiny_config
 
 TINY = ["--no-progress", "--set", "rounds=4", "--set", "partition.num_clients=4", "--set", "model.name=mlp",
@@ -149,8 +149,8 @@ def test_a_failure_after_a_checkpoint_resumes_from_it(tmp_path, failing):
 
 
 def test_a_run_failing_in_its_final_checkpoint_is_never_reused_as_finished(tmp_path, failing, monkeypatch):
-    import pflkit.core.simulation as simulation
-    from pflkit.core.compare import _existing_run
+    import pflkit.core.engine.simulation as simulation
+    from pflkit.core.results.compare import _existing_run
 
     real = simulation.save_checkpoint
 
@@ -185,7 +185,7 @@ def test_ctrl_c_during_the_rounds_keeps_the_record_and_restarts(tmp_path, failin
 
 
 def test_a_failure_before_round_one_leaves_nothing(tmp_path, registries_snapshot):
-    from pflkit.core.server import GlobalModelAggregator
+    from pflkit.core.api.server import GlobalModelAggregator
 
     class BrokenSetup(GlobalModelAggregator):
         def setup(self, channel):
@@ -270,7 +270,7 @@ def _two_rank_worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.setdefault("PFLKIT_RENDEZVOUS_TIMEOUT", "60")
     import torch.distributed as dist
 
-    from pflkit.core import registry as reg
+    from pflkit.core.api import registry as reg
     from pflkit.core.distributed.backend import DistributedBackend
     from pflkit.core.distributed.worker import Endpoint, RunRequest, _run, init_group
 

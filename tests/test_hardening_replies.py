@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pflkit.core import LocalSGDTrainer
-from pflkit.core.evaluation import summarize
-from pflkit.core.fold import MeanFold, layout_of
+from pflkit.core.engine.evaluation import summarize
+from pflkit.core.api.fold import MeanFold, layout_of
 from pflkit.core.testing import fold_tolerance, one_process_group, tiny_simulation
 
 BAD = 0  # the client that sends the malformed reply: the lowest id, folded first
@@ -286,7 +286,7 @@ class StatsTrainer(LocalSGDTrainer):
 def _stats_aggregator(declared):
     from pflkit_fedavg import FedAvgAggregator
 
-    from pflkit.core.fold import layout_of as lay
+    from pflkit.core.api.fold import layout_of as lay
 
     class StatsAggregator(FedAvgAggregator):
         mean_fields = ("params", "stats")
@@ -309,7 +309,7 @@ def _stats_aggregator(declared):
 
 @pytest.mark.parametrize("declared", [False, True])
 def test_a_streamed_field_is_checked_against_the_aggregators_declaration(tmp_path, registries_snapshot, declared):
-    from pflkit.core.errors import PflError
+    from pflkit.core.common.errors import PflError
 
     agg = _stats_aggregator(declared)
     registries_snapshot.AGGREGATORS.register("stats_agg", agg, replace=True)

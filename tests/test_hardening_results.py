@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from matplotlib.collections import PolyCollection
 from matplotlib.ticker import PercentFormatter
 
-from pflkit.core import registry as reg
-from pflkit.core import runplot
+from pflkit.core.api import registry as reg
+from pflkit.core.results import runplot
 from pflkit.core.cli.main import cli
-from pflkit.core.compare import run_comparison
+from pflkit.core.results.compare import run_comparison
 from pflkit.core.testing import TINY
 
 TINY_SETS = ["--set", "rounds=2", "--set", "partition.num_clients=4", "--set", "model.name=mlp",

@@ -17,11 +17,11 @@ import torch
 from click.testing import CliRunner
 
 from pflkit.core import LocalSGDTrainer
-from pflkit.core.checkpoint import load_checkpoint, save_checkpoint
+from pflkit.core.storage.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.core.cli.main import cli
-from pflkit.core.clientstate import ClientStateStore
-from pflkit.core.errors import CheckpointError
-from pflkit.core.safefiles import RunFileError, read_regular, write_atomic
+from pflkit.core.api.clientstate import ClientStateStore
+from pflkit.core.common.errors import CheckpointError
+from pflkit.core.common.safefiles import RunFileError, read_regular, write_atomic
 
 TINY = ["--no-progress", "--set", "rounds=2", "--set", "partition.num_clients=4", "--set", "model.name=mlp",
         "--set", "model.hidden=[32]", "--set", "checkpoint.every=0"]
@@ -206,7 +206,7 @@ def test_tampered_spill_files_are_refused(tmp_path, tamper, fragment):
 
 
 def test_spill_files_swapped_during_a_run_stop_it_with_one_error(tmp_path):
-    from pflkit.core.simulation import Simulation
+    from pflkit.core.engine.simulation import Simulation
     from pflkit.core.testing import tiny_config
 
     cfg = tiny_config("ditto", {"rounds": 3, "clients": {"state_memory": 0}})
@@ -240,7 +240,7 @@ def test_a_disk_filling_while_spilling_is_one_line(tmp_path, monkeypatch):
         raise RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file "
                            "data/0: file write failed")
 
-    monkeypatch.setattr("pflkit.core.clientstate.torch.save", full)  # the first spill is in round 1
+    monkeypatch.setattr("pflkit.core.api.clientstate.torch.save", full)  # the first spill is in round 1
     res = fl("run", "--plugin", "ditto", "--set", f"output_dir={tmp_path}", "--set", "clients.state_memory=0", *TINY)
     one_clear_line(res, "PytorchStreamWriter failed writing file data/0: file write failed; the run's last "
                         "checkpoint is intact")
@@ -289,8 +289,8 @@ def test_a_pooled_state_swap_that_raises_is_a_failed_client(tmp_path, registries
 def test_shared_samples_name_the_clients(splits, fragment):
     import numpy as np
 
-    from pflkit.core.data import ClientSplit, check_no_shared_samples
-    from pflkit.core.errors import DataError
+    from pflkit.core.data.data import ClientSplit, check_no_shared_samples
+    from pflkit.core.common.errors import DataError
 
     with pytest.raises(DataError, match=fragment):
         check_no_shared_samples([ClientSplit(np.array(a), np.array(b)) for a, b in splits], "partition")

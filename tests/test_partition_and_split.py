@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from pflkit.core.data import split_train_test
-from pflkit.core.errors import DataError
+from pflkit.core.data.data import split_train_test
+from pflkit.core.common.errors import DataError
 from pflkit.datasets.partitioners import dirichlet, iid, pathological
 
 LABELS = np.repeat(np.arange(10), 100)

@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 from pflkit.core import Simulation
 from pflkit.core.cli.main import cli
-from pflkit.core.config import resolve
-from pflkit.core.rundata import load_run, load_runs
-from pflkit.core.runplot import _band
+from pflkit.core.engine.config import resolve
+from pflkit.core.storage.rundata import load_run, load_runs
+from pflkit.core.results.runplot import _band
 from pflkit.core.testing import TINY
 
 

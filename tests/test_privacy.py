@@ -1,5 +1,5 @@
 """The privacy boundary, tried as a careless (not a malicious) plugin would: each leak attempt below either is
-refused by the core or is documented as passing (core/privacy.py says what the guard does and does not catch).
+refused by the core or is documented as passing (core/engine/privacy.py says what the guard does and does not catch).
 """
 import functools
 import gc
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from pflkit.core import LocalSGDTrainer, Simulation
-from pflkit.core.client import ClientContext, ClientTrainer
-from pflkit.core.comm import Communicator, ServerChannel
-from pflkit.core.backend import ExecutionBackend
-from pflkit.core.protocol import BitMask
-from pflkit.core.server import ServerAggregator
+from pflkit.core.api.client import ClientContext, ClientTrainer
+from pflkit.core.engine.comm import Communicator, ServerChannel
+from pflkit.core.engine.backend import ExecutionBackend
+from pflkit.core.api.protocol import BitMask
+from pflkit.core.api.server import ServerAggregator
 from pflkit.core.testing import quick_run, tiny_config
 
 
@@ -249,7 +249,7 @@ def test_server_code_has_no_path_to_clients(tmp_path):
             assert not hasattr(comm.send, "__closure__") or not comm.send.__closure__
             super().run_round(rnd, selected, comm)
 
-    from pflkit.core import registry
+    from pflkit.core.api import registry
     registry.AGGREGATORS.register("spy_agg", Spy, replace=True)
     try:
         sim = Simulation(tiny_config("fedavg", {"aggregator": {"name": "spy_agg"}, "rounds": 1}),
@@ -279,7 +279,7 @@ def test_channel_of_a_finished_run_says_so(tmp_path):
 def test_the_may_hold_a_row_shortcut_is_sound():
     """A tensor with fewer values from the client's rows than a row has is not scanned; one with enough is, in
     any layout, and a row among them is still found."""
-    from pflkit.core.privacy import PrivacyGuard, _ClientRows, _RollingHash
+    from pflkit.core.engine.privacy import PrivacyGuard, _ClientRows, _RollingHash
 
     x = torch.tensor([[0., 1., 2., 3., 4., 5.], [5., 4., 3., 2., 1., 0.]], dtype=torch.float32)
     rows = _ClientRows([x], [], _RollingHash())

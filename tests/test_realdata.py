@@ -1,4 +1,4 @@
-"""Real data sets from registry packages (``fl data``, core/datasources.py) and their loaders.
+"""Real data sets from registry packages (``fl data``, core/data/datasources.py) and their loaders.
 
 Every archive here is written by the test in the real format of its registry (a Debian ar archive with a
 data.tar.xz, a wheel, an npm tarball, an sdist) with a few samples, so the tests need no network; the pinned
@@ -21,10 +21,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pflkit.core import registry as reg
+from pflkit.core.api import registry as reg
 from pflkit.core.cli.main import cli
-from pflkit.core.config import resolve
-from pflkit.core.datasources import sha256_of
+from pflkit.core.engine.config import resolve
+from pflkit.core.data.datasources import sha256_of
 from pflkit.datasets.partitioners import natural
 from pflkit.datasets.shakespeare import ALPHABET, load_shakespeare, parse_play
 

@@ -3,8 +3,8 @@ import textwrap
 
 import pytest
 
-from pflkit.core import registry as reg
-from pflkit.core.errors import PluginError, UnknownNameError
+from pflkit.core.api import registry as reg
+from pflkit.core.common.errors import PluginError, UnknownNameError
 
 
 def make_dist(site, dist, version, group, name, target, module_src=None, module=None):

@@ -1,4 +1,4 @@
-"""Time estimates of a run (core/monitor.py): after the first measured block of a set-up that reports its progress,
+"""Time estimates of a run (core/storage/monitor.py): after the first measured block of a set-up that reports its progress,
 one line with the set-up time left; after the first round, one line with the rest of the run; neither for a short
 wait. And what the first Ctrl-C says it waits for: the set-up step during set-up, the round afterwards.
 
@@ -12,8 +12,9 @@ from datetime import datetime
 import pytest
 
 from pflkit.core import Algorithm, Message, Param, SetupStep, Simulation
-from pflkit.core import monitor, rounds
-from pflkit.core.monitor import RoundReporter, evaluations_after, run_estimate_line
+from pflkit.core.storage import monitor
+from pflkit.core.engine import rounds
+from pflkit.core.storage.monitor import RoundReporter, evaluations_after, run_estimate_line
 from pflkit.core.testing import tiny_config
 from pflkit_fedavg import FedAvgAggregator, FedAvgTrainer
 

@@ -5,7 +5,7 @@ from importlib.metadata import version
 
 import torch
 
-from pflkit.core import runinfo
+from pflkit.core.storage import runinfo
 from pflkit.core.testing import quick_run
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from pflkit.core import registry as reg
+from pflkit.core.api import registry as reg
 from pflkit.core.cli.main import cli
 
 TINY = ["--set", "rounds=1", "--set", "partition.num_clients=4", "--set", "checkpoint.every=0", "--no-progress"]

@@ -1,4 +1,4 @@
-"""The server-side per-client store (core.serverstore): API, one budget that spills with the same numbers,
+"""The server-side per-client store (core.api.serverstore): API, one budget that spills with the same numbers,
 lean checkpoints and bit-identical resume, tampered spill files refused with one line."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from pflkit.core import Algorithm, GlobalModelAggregator
-from pflkit.core.checkpoint import load_checkpoint
-from pflkit.core.errors import CheckpointError, PluginError
-from pflkit.core.serverstore import ServerStores
-from pflkit.core.simulation import Simulation
-from pflkit.core.state import weighted_average
+from pflkit.core.storage.checkpoint import load_checkpoint
+from pflkit.core.common.errors import CheckpointError, PluginError
+from pflkit.core.api.serverstore import ServerStores
+from pflkit.core.engine.simulation import Simulation
+from pflkit.core.api.state import weighted_average
 from pflkit.core.testing import metrics_records, tiny_config, tiny_run, tiny_simulation
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -148,8 +148,8 @@ def test_a_tampered_server_spill_file_is_one_line(store_algorithm, tmp_path):
 
 
 def test_the_budget_key_is_checked_and_resume_safe(tmp_path):
-    from pflkit.core.config import RESUME_SAFE_KEYS, config_fingerprint
-    from pflkit.core.errors import ConfigError
+    from pflkit.core.engine.config import RESUME_SAFE_KEYS, config_fingerprint
+    from pflkit.core.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"server.state_memory.*not a size"):
         tiny_config("fedavg", {"server": {"state_memory": "lots"}})
@@ -163,7 +163,7 @@ def test_a_run_made_before_the_key_existed_resumes(tmp_path):
     fl compare counts it as the same configuration."""
     import json
 
-    from pflkit.core.config import to_plain, without_neutral_defaults
+    from pflkit.core.engine.config import to_plain, without_neutral_defaults
 
     part = tiny_simulation("fedavg", tmp_path / "r", {"rounds": 2})
     part.run(stop_after=1)

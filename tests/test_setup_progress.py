@@ -1,7 +1,7 @@
 """Set-up progress (round 0): what a ``setup_steps`` generator yields reaches run.log and the console, and the
 progress bar counts set-up units until the rounds start (PCFL's flow training was a frozen 0/N bar)."""
-from pflkit.core import monitor
-from pflkit.core.monitor import RoundReporter
+from pflkit.core.storage import monitor
+from pflkit.core.storage.monitor import RoundReporter
 
 
 def test_setup_steps_move_the_bar_then_it_counts_rounds_again(tmp_path, monkeypatch, capsys):

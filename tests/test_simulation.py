@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from pflkit.core import LocalSGDTrainer, Simulation
-from pflkit.core.comm import ClientAbort
-from pflkit.core.errors import CheckpointError
+from pflkit.core.engine.comm import ClientAbort
+from pflkit.core.common.errors import CheckpointError
 from pflkit.core.testing import quick_run, tiny_config
 
 
@@ -114,7 +114,7 @@ class AlwaysRaises(LocalSGDTrainer):
 
 
 def test_a_round_where_every_client_fails_stops_the_run(tmp_path, registries_snapshot):
-    from pflkit.core.simulation import RunFailure
+    from pflkit.core.engine.simulation import RunFailure
 
     registries_snapshot.TRAINERS.register("always_raises", AlwaysRaises)
     with pytest.raises(RunFailure, match="every selected client failed in round 1.*broken everywhere"):

@@ -1,4 +1,4 @@
-"""Streaming aggregation (core/fold.py): mean fields are folded as replies arrive, a round never holds every
+"""Streaming aggregation (core/api/fold.py): mean fields are folded as replies arrive, a round never holds every
 upload or every rollback snapshot, and the numbers are today's within the stated bound."""
 import weakref
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pflkit.core.backend import SerialBackend
+from pflkit.core.engine.backend import SerialBackend
 from pflkit.core.cli.main import cli
-from pflkit.core.fold import MeanFold
-from pflkit.core.state import weighted_average
+from pflkit.core.api.fold import MeanFold
+from pflkit.core.api.state import weighted_average
 from pflkit.core.testing import (OneTrainerPerClient, assert_streaming_matches_all_replies, fold_tolerance,
                                  one_process_group, tiny_simulation)
 
@@ -129,7 +129,7 @@ def test_l2gd_streams_its_averaging_step(tmp_path):
 
 @pytest.mark.parametrize("name", ALL_REPLIES)
 def test_strategies_that_need_every_upload_do_not_stream(name):
-    from pflkit.core import registry as reg
+    from pflkit.core.api import registry as reg
 
     algo = reg.ALGORITHMS.get(name)
     assert reg.AGGREGATORS.get(algo.aggregator).reduced_fields() == ()

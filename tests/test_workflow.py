@@ -9,11 +9,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pflkit.core.checkpoint import CHECKPOINT_NAME, read_header
+from pflkit.core.storage.checkpoint import CHECKPOINT_NAME, read_header
 from pflkit.core.cli.main import cli
-from pflkit.core.config import config_fingerprint, resolve
-from pflkit.core.errors import ConfigError
-from pflkit.core.simulation import Simulation
+from pflkit.core.engine.config import config_fingerprint, resolve
+from pflkit.core.common.errors import ConfigError
+from pflkit.core.engine.simulation import Simulation
 from pflkit.core.testing import tiny_config
 
 TINY = ["--set", "rounds=2", "--set", "partition.num_clients=4", "--set", "model.name=mlp",
@@ -78,7 +78,7 @@ def test_run_info_records_software_machine_and_command_and_grows_on_resume(tmp_p
 
 
 def test_git_commit_is_recorded_from_a_checkout(tmp_path):
-    from pflkit.core.runinfo import git_commit
+    from pflkit.core.storage.runinfo import git_commit
 
     assert git_commit(tmp_path) is None  # not a checkout
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
@@ -103,7 +103,7 @@ def test_threads_may_change_on_resume_with_a_warning(tmp_path, caplog):
 
 
 def test_fl_command_defaults_to_one_thread_unless_omp_num_threads_is_set(monkeypatch):
-    from pflkit.core import threads
+    from pflkit.core.common import threads
 
     before = torch.get_num_threads()
     monkeypatch.setattr(threads, "_cli_default_applied", False)
@@ -184,7 +184,7 @@ class _Terminal:
 def test_warnings_are_written_above_the_progress_bar_not_through_it(tmp_path, monkeypatch):
     import logging
 
-    from pflkit.core.monitor import RoundReporter
+    from pflkit.core.storage.monitor import RoundReporter
 
     term = _Terminal()
     monkeypatch.setattr(sys, "stderr", term)
@@ -226,7 +226,7 @@ def test_partition_from_another_run_reuses_its_split_and_gives_identical_numbers
 
 
 def test_a_plain_json_split_is_used_as_given(tmp_path):
-    from pflkit.core.data import build_federated_data
+    from pflkit.core.data.data import build_federated_data
 
     rng = __import__("numpy").random.default_rng(0)
     perm = rng.permutation(1797).tolist()
@@ -282,7 +282,7 @@ def test_partition_from_a_missing_or_conflicting_source_is_one_clear_error(tmp_p
 def test_partitioners_may_take_the_dataset_and_return_their_own_train_test_split(registries_snapshot):
     import numpy as np
 
-    from pflkit.core.data import ClientSplit, build_federated_data
+    from pflkit.core.data.data import ClientSplit, build_federated_data
 
     seen = {}
 
@@ -326,7 +326,7 @@ def test_train_drop_last_drops_the_incomplete_batch(tmp_path):
 
 
 def test_model_init_seed_fixes_the_initial_weights_independently_of_the_run_seed():
-    from pflkit.core.simulation import make_model_factory
+    from pflkit.core.engine.simulation import make_model_factory
 
     def weights(**over):
         cfg = tiny_config("fedavg", over)
@@ -357,7 +357,7 @@ def test_digits_normalize_option_and_what_fl_show_says():
 
 def test_best_round_of_the_weighted_mean_is_reported_next_to_the_uniform_one(tmp_path):
     from pflkit.core.cli.run import format_summary
-    from pflkit.core.evaluation import History
+    from pflkit.core.engine.evaluation import History
 
     h = History("accuracy", True)
     h.add(1, {"accuracy/uniform": 0.7, "accuracy/weighted": 0.9})

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import click
 
-from ..errors import PflError
+from ..common.errors import PflError
 
 
 def friendly_errors(fn: Callable) -> Callable:

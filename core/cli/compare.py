@@ -7,8 +7,8 @@ from typing import Dict, List, Optional, Tuple
 
 import click
 
-from ..config import load_file, parse_sets
-from ..errors import ConfigError
+from ..engine.config import load_file, parse_sets
+from ..common.errors import ConfigError
 from .common import friendly_errors
 
 
@@ -100,7 +100,7 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
     run again. Only finished runs enter the table; when a run failed (its one-line reason is listed; the other runs go
     on) or is incomplete, the exit status is 1 (after Ctrl-C: 130; bad input: 2).
     """
-    from ..compare import run_comparison
+    from ..results.compare import run_comparison
 
     algorithms = _specs(plugins)
     seed_list = _seeds(seeds)

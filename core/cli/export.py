@@ -9,7 +9,7 @@ from typing import Tuple
 
 import click
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from .common import friendly_errors
 
 
@@ -27,7 +27,7 @@ def export_command(run_dirs: Tuple[str, ...], csv_path: str, summary: bool, keys
 
     A row per run and round (identified by run, algorithm, dataset and seed, then every per-round field), or with
     --summary a row per run (status, final and best numbers)."""
-    from ..rundata import load_runs, rounds_table, summary_table, write_csv, write_output
+    from ..storage.rundata import load_runs, rounds_table, summary_table, write_csv, write_output
 
     runs = load_runs([Path(d) for d in run_dirs])
     rows = (summary_table if summary else rounds_table)(runs, keys)

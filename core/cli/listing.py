@@ -7,10 +7,10 @@ from typing import Any, Dict, Optional
 
 import click
 
-from .. import compose, dryrun
-from .. import registry as reg
-from ..config import CORE_SCHEMA, COMPONENT_SECTIONS, component_params, deep_merge
-from ..params import Param
+from ..engine import compose, dryrun
+from ..api import registry as reg
+from ..engine.config import CORE_SCHEMA, COMPONENT_SECTIONS, component_params, deep_merge
+from ..api.params import Param
 from .common import friendly_errors
 
 
@@ -96,7 +96,7 @@ def show_command(name: str) -> None:
         click.echo(f"algorithm {name}: {algo.description}")
         if algo.paper:
             click.echo(f"paper: {algo.paper}")
-        # an algorithm augmenting another (core/compose.py) is shown composed with its default base
+        # an algorithm augmenting another (core/engine/compose.py) is shown composed with its default base
         objs = {"trainer": reg.TRAINERS.get(algo.trainer), "aggregator": reg.AGGREGATORS.get(algo.aggregator)}
         section_of_base = compose.base_section(objs["trainer"], objs["aggregator"])
         base = (defaults.get(section_of_base) or {}).get(compose.BASE_KEY) if section_of_base else None
@@ -118,7 +118,8 @@ def show_command(name: str) -> None:
             click.echo("\n".join(lines) if lines else "  (no options)")
             if section == "aggregator":
                 click.echo(aggregation_line(built))
-        if compo.wrapped:  # bases whose run starts with these defaults (the run's own start checks, core/dryrun.py)
+        # bases whose run starts with these defaults (the run's own start checks, core/engine/dryrun.py)
+        if compo.wrapped:
             runs, refused = dryrun.runnable_bases(name)
             click.echo(f"\nbase algorithms it can wrap ({compo.section}.{compose.BASE_KEY}; their defaults apply "
                        f"beneath this algorithm's): {', '.join(runs) or '(none)'}")
@@ -160,7 +161,7 @@ def show_command(name: str) -> None:
 
 
 def aggregation_line(aggregator: Any) -> str:
-    """How a strategy receives a round's uploads (core/fold.py): streamed into running means, or all at once."""
+    """How a strategy receives a round's uploads (core/api/fold.py): streamed into running means, or all at once."""
     fields = getattr(aggregator, "reduced_fields", tuple)()
     if fields:
         return (f"  aggregation: streaming -- the weighted mean of {', '.join(repr(f) for f in fields)} is folded "

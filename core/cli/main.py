@@ -43,7 +43,7 @@ _register_commands()
 
 def main() -> None:
     from ..cli_start import restore
-    from ..threads import apply_cli_default
+    from ..common.threads import apply_cli_default
 
     restore()  # Ctrl-C raises KeyboardInterrupt again, which each command handles (fl run: exit 130)
     apply_cli_default()  # one torch thread unless OMP_NUM_THREADS says otherwise (README, "Threads")

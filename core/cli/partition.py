@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 import click
 import numpy as np
 
-from ..config import load_file, parse_sets, resolve
-from ..errors import ConfigError
+from ..engine.config import load_file, parse_sets, resolve
+from ..common.errors import ConfigError
 from .common import friendly_errors
 
 
@@ -43,7 +43,7 @@ def bubble_plot(counts: np.ndarray, path: Path, title: str) -> None:
 @friendly_errors
 def partition_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[str, ...], out: str) -> None:
     """Partition the configured dataset, print label counts per client and draw them as a bubble plot."""
-    from ..data import build_federated_data
+    from ..data.data import build_federated_data
 
     layers = [load_file(config_file)] if config_file else []
     layers.append(parse_sets(sets))

@@ -26,8 +26,8 @@ def plot_command(run_dirs: Tuple[str, ...], out: str, band: str, group: str) -> 
     Per run: the test metric per evaluated round, uniform and weighted, with the across-client spread as a band,
     and the train and test loss; nothing is rerun. With --group algorithm: per algorithm the mean over its runs
     with a std band over them (--band does not apply). Accuracy axes are in percent."""
-    from ..rundata import load_runs
-    from ..runplot import plot_groups, plot_runs
+    from ..storage.rundata import load_runs
+    from ..results.runplot import plot_groups, plot_runs
 
     runs = load_runs([Path(d) for d in run_dirs])
     if group == "algorithm":

@@ -8,9 +8,9 @@ from typing import Optional, Tuple
 
 import click
 
-from ..config import RESUME_SAFE_KEYS, load_file, parse_sets, resolve
-from ..errors import ConfigError
-from ..reporting import format_summary, report_result  # noqa: F401  (format_summary: imported from here too)
+from ..engine.config import RESUME_SAFE_KEYS, load_file, parse_sets, resolve
+from ..common.errors import ConfigError
+from ..storage.reporting import format_summary, report_result  # noqa: F401  (format_summary: imported from here too)
 from .common import friendly_errors
 
 INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C
@@ -32,7 +32,7 @@ INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C
 def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[str, ...],
                 resume_dir: Optional[str], no_progress: bool, workers: Optional[int]) -> None:
     """Run a federated experiment (Ctrl-C stops after the current round and leaves a resumable run)."""
-    from ..simulation import Simulation
+    from ..engine.simulation import Simulation
 
     if workers is not None or _torchrun_endpoint() is not None:
         try:
@@ -86,7 +86,7 @@ def _finish(code: int) -> None:
 def stopped_message(run_dir: Path) -> str:
     """What a run stopped at once by Ctrl-C says: how to continue, or that there is nothing to continue (a fresh
     run stopped before round 1 leaves no directory; one stopped during its rounds keeps its record)."""
-    from ..checkpoint import checkpoint_exists
+    from ..storage.checkpoint import checkpoint_exists
 
     if checkpoint_exists(run_dir):
         return f"stopped; continue from the last checkpoint with:\n  fl run --resume {run_dir}"

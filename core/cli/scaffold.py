@@ -12,8 +12,8 @@ from typing import Dict, Optional
 
 import click
 
-from ..errors import ConfigError
-from ..params import short_repr
+from ..common.errors import ConfigError
+from ..api.params import short_repr
 from .common import friendly_errors
 
 PYPROJECT = """[build-system]
@@ -35,7 +35,7 @@ install_requires =
 [options.entry_points]
 {entry_points}"""
 
-# the entry-point groups (core/registry.py) each kind registers NAME in, and the object behind it
+# the entry-point groups (core/api/registry.py) each kind registers NAME in, and the object behind it
 ENTRY_POINTS = {
     "algorithm": {"pflkit.algorithms": "{pkg}:ALGORITHM", "pflkit.trainers": "{pkg}:{cls}Trainer",
                   "pflkit.aggregators": "{pkg}:{cls}Aggregator"},
@@ -47,15 +47,15 @@ ENTRY_POINTS = {
 INIT = '''"""{name}: a pflkit algorithm plugin.
 
 Start from here: the trainer below is FedAvg plus an optional proximal term, the aggregator is the
-sample-weighted mean. Change the hooks you need (see pflkit.core.client.LocalSGDTrainer and
-pflkit.core.server.GlobalModelAggregator) and run it with:  fl run --plugin {name}
+sample-weighted mean. Change the hooks you need (see pflkit.core.LocalSGDTrainer and
+pflkit.core.GlobalModelAggregator) and run it with:  fl run --plugin {name}
 """
 from typing import List
 
 import torch
 
-from pflkit.core import Algorithm, GlobalModelAggregator, LocalSGDTrainer, Param
-from pflkit.core.state import State, proximal_term, weighted_average
+from pflkit.core import (Algorithm, GlobalModelAggregator, LocalSGDTrainer, Param, State, proximal_term,
+                         weighted_average)
 
 
 class {cls}Trainer(LocalSGDTrainer):
@@ -249,8 +249,7 @@ from typing import Sequence
 
 from torch import nn
 
-from pflkit.core import Param
-from pflkit.models.base import SplitModel
+from pflkit.core import Param, SplitModel
 
 
 def build_{name}(input_shape: Sequence[int], num_classes: int, width: int = 64) -> SplitModel:
@@ -311,7 +310,7 @@ def _taken(name: str, kind: str, pkg: str, dist: str) -> Optional[str]:
     or the package or distribution exists (installing the new one would replace it)."""
     from importlib.util import find_spec
 
-    from ..registry import ALL_REGISTRIES, metadata
+    from ..api.registry import ALL_REGISTRIES, metadata
 
     for group in ENTRY_POINTS[kind]:
         registry = ALL_REGISTRIES[group.split(".", 1)[1]]

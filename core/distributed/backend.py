@@ -16,13 +16,13 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import torch
 import torch.distributed as dist
 
-from ..backend import Call, CallResult, ExecutionBackend, SerialBackend, StateOptions
-from ..errors import ConfigError, PflError
-from ..protocol import payload_nbytes
-from ..seeding import rng_state, set_rng_state
-from ..fold import MeanFold, unflatten
-from ..state import WeightedMean
-from .assign import assign_clients, describe, sgd_steps
+from ..engine.backend import Call, CallResult, ExecutionBackend, SerialBackend, StateOptions
+from ..common.errors import ConfigError, PflError
+from ..api.protocol import payload_nbytes
+from ..common.seeding import rng_state, set_rng_state
+from ..api.fold import MeanFold, unflatten
+from ..api.state import WeightedMean
+from ..engine.assign import assign_clients, describe, sgd_steps
 
 
 class WorkerLost(PflError):
@@ -180,7 +180,7 @@ class DistributedBackend(ExecutionBackend):
         if not calls:
             return {}, {}
         mine = {cid: call for cid, call in calls.items() if self.owner[cid] == self.rank}
-        fold = MeanFold(fields, weight_of, layouts)  # this rank's clients, folded as each reply arrives (core.fold)
+        fold = MeanFold(fields, weight_of, layouts)  # this rank's clients, folded as each reply arrives (core.api.fold)
         results: Dict[int, CallResult] = {}
         sent: Dict[int, Any] = {}
         for res in (self.inner.execute_each(mine, snapshot) if mine else ()):

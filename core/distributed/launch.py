@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 
 import click
 
-from ..errors import ConfigError, PflError
+from ..common.errors import ConfigError, PflError
 from .signals import (TERMINATED, Terminated, install_worker_handlers, interrupt_requested, note_interrupt,
                       raise_on_sigterm)
 from .worker import INTERRUPTED, USER_ERROR, Endpoint, RunRequest, check_timeouts, parse_port, run_process
@@ -62,7 +62,7 @@ def _port(addr: str) -> int:
 
 def _resumed_clients(run_dir: str) -> Optional[int]:
     """The client count in a run directory's config.json (None when unreadable: the workers then report it)."""
-    from ..rundata import config_value, read_config
+    from ..storage.rundata import config_value, read_config
 
     try:
         n = config_value(read_config(Path(run_dir)) or {}, "partition.num_clients")
@@ -74,8 +74,8 @@ def _resumed_clients(run_dir: str) -> Optional[int]:
 def _check_before_start(req: RunRequest) -> Optional[int]:
     """Reports bad input before any process starts (every process checks it again, exactly); returns the run's
     client count when the configuration states it."""
-    from ..config import load_file, parse_sets, resolve
-    from ..simulation import resolve_device
+    from ..engine.config import load_file, parse_sets, resolve
+    from ..engine.simulation import resolve_device
     from .backend import device_collective_backend
 
     check_timeouts()
@@ -94,7 +94,7 @@ def _check_before_start(req: RunRequest) -> Optional[int]:
 def _entry(index: int, req: RunRequest, world: int, addr: str, port: int, launcher: int) -> None:
     """A spawned worker: rank ``index`` of ``world``, started by process ``launcher`` (it ignores SIGINT until
     its handlers are in place: a Ctrl-C while it imports is the launcher's to forward)."""
-    from ..threads import apply_cli_default
+    from ..common.threads import apply_cli_default
 
     try:
         os.setpgid(0, 0)  # a Ctrl-C in the terminal reaches the launcher only, which forwards it once (signals.py)
@@ -234,7 +234,7 @@ def launch_local(req: RunRequest, workers: int) -> int:
 
 
 def _stop_hint(run_dir: Optional[str]) -> str:
-    from ..checkpoint import checkpoint_exists
+    from ..storage.checkpoint import checkpoint_exists
 
     if run_dir and checkpoint_exists(Path(run_dir)):
         return f"stopped; continue from the last checkpoint with: fl run --resume {run_dir}"

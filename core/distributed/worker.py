@@ -20,7 +20,7 @@ import click
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError, PflError
+from ..common.errors import ConfigError, PflError
 from .backend import DistributedBackend, WorkerLost, device_collective_backend
 from .signals import TERMINATED, Terminated, interrupt_requested, orphaned
 
@@ -144,7 +144,7 @@ class _Replicated(PflError):
 
 
 def _resolve(req: RunRequest):
-    from ..config import load_file, parse_sets, resolve
+    from ..engine.config import load_file, parse_sets, resolve
 
     layers = []
     if req.config_file:
@@ -157,9 +157,9 @@ def _resolve(req: RunRequest):
 
 def _build(req: RunRequest, backend: DistributedBackend, run_dir: Optional[Path], ep: Endpoint) -> Tuple[Any, bool]:
     """(the simulation, whether it continues an earlier start)."""
-    from ..config import parse_sets
-    from ..rundir import default_run_dir
-    from ..simulation import Simulation
+    from ..engine.config import parse_sets
+    from ..storage.rundir import default_run_dir
+    from ..engine.simulation import Simulation
 
     progress = req.progress and backend.is_writer
     if req.resume_dir:
@@ -298,7 +298,7 @@ def _run_process(req: RunRequest, ep: Endpoint) -> int:
 
 def _stopped_message(backend: DistributedBackend) -> str:
     """What rank 0 says when a Ctrl-C stopped this process at once."""
-    from ..checkpoint import checkpoint_exists
+    from ..storage.checkpoint import checkpoint_exists
 
     run_dir = getattr(backend, "run_dir", None)
     if backend.phase == "start-up" or run_dir is None:
@@ -364,7 +364,7 @@ def _run(req: RunRequest, ep: Endpoint, backend: DistributedBackend) -> int:
     result = sim.run()
     if ep.rank != 0:
         return INTERRUPTED if result.get("interrupted") else 0
-    from ..reporting import report_result
+    from ..storage.reporting import report_result
 
     return INTERRUPTED if report_result(result, sim.run_dir) else 0
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from pflkit.core import registry as reg
-from pflkit.core.errors import DataError
+from pflkit.core.api import registry as reg
+from pflkit.core.common.errors import DataError
 from pflkit.datasets import _common
 from pflkit.datasets.digit5 import load_digit5
 from pflkit.datasets.tabular import load_adult, load_csv

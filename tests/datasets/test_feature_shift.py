@@ -7,8 +7,8 @@ from click.testing import CliRunner
 
 from pflkit.core import ConfigError, DataError
 from pflkit.core.cli.main import cli
-from pflkit.core.config import resolve
-from pflkit.core.data import build_federated_data
+from pflkit.core.engine.config import resolve
+from pflkit.core.data.data import build_federated_data
 from pflkit.datasets.feature_shift import DOMAINS, FAMILIES, group_names, load_digits_domains
 
 

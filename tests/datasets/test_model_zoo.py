@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from pflkit.core import registry as reg
-from pflkit.core.config import resolve
-from pflkit.core.errors import ConfigError
+from pflkit.core.api import registry as reg
+from pflkit.core.engine.config import resolve
+from pflkit.core.common.errors import ConfigError
 from pflkit.models.base import SplitModel
 from pflkit.models.fasttext import fasttext
 from pflkit.models.lenet import lenet

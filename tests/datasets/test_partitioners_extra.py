@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflkit.core import registry as reg
-from pflkit.core.config import resolve
-from pflkit.core.data import build_federated_data
-from pflkit.core.errors import ConfigError, DataError
+from pflkit.core.api import registry as reg
+from pflkit.core.engine.config import resolve
+from pflkit.core.data.data import build_federated_data
+from pflkit.core.common.errors import ConfigError, DataError
 from pflkit.datasets.partitioners import by_group, dirichlet_lognormal, fixed, shards
 
 LABELS = np.repeat(np.arange(10), 120)  # 1,200 samples, 10 balanced classes

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflkit.core.config import resolve
-from pflkit.core.errors import ConfigError
+from pflkit.core.engine.config import resolve
+from pflkit.core.common.errors import ConfigError
 from pflkit.datasets.partitioners import pathological
 
 LABELS = np.repeat(np.arange(10), 300)  # 3,000 samples, 10 balanced classes

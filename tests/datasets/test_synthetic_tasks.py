@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from pflkit.core.config import resolve
-from pflkit.core.data import build_federated_data
+from pflkit.core.engine.config import resolve
+from pflkit.core.data.data import build_federated_data
 from pflkit.core.testing import quick_run
 from pflkit.datasets.synthetic import load_fedprox_synthetic, load_pcfl_sine
 

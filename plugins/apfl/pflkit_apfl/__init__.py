@@ -17,11 +17,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.func import functional_call
 
-from pflkit.core import Algorithm, LocalSGDTrainer, Param, make_optimizer
-from pflkit.core.client import host_copy
-from pflkit.core.params import positive, unit_interval
-from pflkit.core.state import load_into
-from pflkit.core.training import clip_gradients
+from pflkit.core import (Algorithm, LocalSGDTrainer, Param, clip_gradients, host_copy, load_into, make_optimizer,
+                         positive, unit_interval)
 
 from .equations import alpha_grad, alpha_step, mix
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from pflkit.core import Simulation
-from pflkit.core.clientstate import same_state
+from pflkit.core import Simulation, same_state
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, metrics_records as records,
                                  tiny_config, tiny_run)

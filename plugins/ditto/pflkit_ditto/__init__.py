@@ -22,10 +22,8 @@ from typing import Any, Dict, List
 
 import torch
 
-from pflkit.core import Algorithm, LocalSGDTrainer, Param, make_optimizer, run_sgd
-from pflkit.core.params import non_negative, positive
-from pflkit.core.client import host_copy
-from pflkit.core.state import load_into, proximal_term
+from pflkit.core import (Algorithm, LocalSGDTrainer, Param, host_copy, load_into, make_optimizer, non_negative,
+                         positive, proximal_term, run_sgd)
 
 __all__ = ["DittoTrainer", "ALGORITHM"]
 

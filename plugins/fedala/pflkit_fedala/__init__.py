@@ -11,7 +11,7 @@ yet: theta_i = Theta). The client then trains theta_hat as its base algorithm do
 the base's (FedAvg: the sample-weighted mean). Evaluation scores the client's local model theta_i (a client that has
 never trained is scored on the global model).
 
-ALA is a wrapper (core/compose.py): ``fedala`` is ALA on FedAvg, and ``--set trainer.base=fedprox`` (or any base
+ALA is a wrapper (core/engine/compose.py): ``fedala`` is ALA on FedAvg, and ``--set trainer.base=fedprox`` (or any base
 ``fl show fedala`` lists) puts ALA in front of that algorithm's local training, as the paper does for other methods.
 Declared per-client state: the whole local model, W, and the two flags (trained before, start phase done).
 """
@@ -20,11 +20,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from pflkit.core import (Algorithm, ClientTrainer, ConfigError, GlobalModelAggregator, LocalSGDTrainer, Param,
-                         ServerAggregator)
-from pflkit.core.client import host_copy, state_declared
-from pflkit.core.params import non_negative, positive
-from pflkit.core.seeding import derive_seed
-from pflkit.core.state import load_into
+                         ServerAggregator, derive_seed, host_copy, load_into, non_negative, positive, state_declared)
 
 from .equations import ala_init, ala_step, converged, layer_groups, top_layer_keys
 
@@ -181,7 +177,7 @@ class AlaClientMixin:
 
 
 class FedAlaTrainer(ClientTrainer):
-    """FedALA's client side around a base algorithm's trainer (a wrapper: see core/compose.py)."""
+    """FedALA's client side around a base algorithm's trainer (a wrapper: see core/engine/compose.py)."""
 
     description = ("FedALA client: adaptive local aggregation of the received model into the local one (top p "
                    "layers, learned element-wise weights), then the base algorithm's local training")

@@ -7,11 +7,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pflkit.core import Simulation
-from pflkit.core.cli.main import cli
-from pflkit.core.clientstate import same_state
+from pflkit.core import Simulation, same_state
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
-                                 assert_run_refused, assert_workers_match_serial, metrics_records as records,
+                                 assert_run_refused, assert_workers_match_serial, cli, metrics_records as records,
                                  tiny_config, tiny_run)
 from pflkit_fedala import ala_init, ala_step, top_layer_keys
 from pflkit_fedala.equations import converged, layer_groups

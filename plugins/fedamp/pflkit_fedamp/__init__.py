@@ -30,9 +30,8 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator
-from pflkit.core.params import non_negative
-from pflkit.core.state import load_into, proximal_term
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, load_into,
+                         non_negative, proximal_term)
 
 from .equations import (add_to_cloud, cloud_model, cosine_attention, cosine_from, dot, exp_attention,
                         prox_coefficient, self_weight, squared_distance, start_cloud)

@@ -5,8 +5,7 @@ average of the uploads weighted by client sample counts (n_k / n). Personal mode
 """
 from typing import Any, Dict
 
-from pflkit.core import Algorithm, GlobalModelAggregator, LocalSGDTrainer
-from pflkit.core.params import Param
+from pflkit.core import Algorithm, GlobalModelAggregator, LocalSGDTrainer, Param
 
 WEIGHTINGS = ("samples", "uniform")
 

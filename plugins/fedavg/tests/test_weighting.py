@@ -4,10 +4,8 @@ fast path (distributed.exact false, where each rank sums weight x upload before 
 import pytest
 import torch
 
-from pflkit.core import Simulation
-from pflkit.core.distributed.backend import DistributedBackend
-from pflkit.core.state import WeightedMean
-from pflkit.core.testing import one_process_group, run_capturing_replies, tiny_config
+from pflkit.core import Simulation, WeightedMean
+from pflkit.core.testing import DistributedBackend, one_process_group, run_capturing_replies, tiny_config
 from pflkit_fedavg import FedAvgAggregator, reply_weight
 
 
@@ -35,7 +33,7 @@ def test_uniform_weighting_is_the_plain_mean_and_samples_is_unchanged(tmp_path):
 def test_bad_weighting_is_one_line_and_exit_2(tmp_path):
     from click.testing import CliRunner
 
-    from pflkit.core.cli.main import cli
+    from pflkit.core.testing import cli
 
     res = CliRunner().invoke(cli, ["run", "--plugin", "fedavg", "--set", "aggregator.weighting=median",
                                    "--set", f"output_dir={tmp_path}"])

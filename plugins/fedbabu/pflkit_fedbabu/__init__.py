@@ -11,7 +11,7 @@ In pflkit:
 * body = ``features.*`` (shared, averaged by the FedAvg aggregator weighted by sample counts, as the paper's
   FedAvg), head = ``head.*`` (``requires_grad=False`` and in no optimiser, so neither weight decay nor momentum
   can move it: exactly frozen);
-* the fine-tuning is the core's evaluation-time adaptation (``eval.adapt*``, core/adaptation.py): a scratch copy is
+* the fine-tuning is the core's evaluation-time adaptation (``eval.adapt*``, core/api/adaptation.py): a scratch copy is
   fine-tuned and scored, the client keeps nothing of it. The defaults below set the paper's protocol.
 """
 from typing import List

@@ -6,8 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from pflkit.core import MODELS, TRAINERS, make_optimizer, run_sgd
-from pflkit.core.clientstate import same_state
+from pflkit.core import MODELS, TRAINERS, make_optimizer, run_sgd, same_state
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, metrics_records as records,
                                  run_capturing_replies, tiny_config, tiny_simulation)
@@ -38,7 +37,7 @@ def _no_head(input_shape, num_classes, **_):
 @pytest.fixture
 def registered():
     """Register the test's trainer and model in this process, and forget them afterwards."""
-    from pflkit.core import registry as reg
+    from pflkit import core as reg
 
     for r in reg.ALL_REGISTRIES.values():
         r._discover()

@@ -17,8 +17,7 @@ from typing import List
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import Algorithm, LocalSGDTrainer
-from pflkit.core.state import bn_keys
+from pflkit.core import Algorithm, LocalSGDTrainer, bn_keys
 
 __all__ = ["FedBNTrainer", "ALGORITHM", "local_bn_keys"]
 

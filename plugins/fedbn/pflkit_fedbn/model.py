@@ -14,8 +14,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from pflkit.core.params import Param
-from pflkit.models.base import SplitModel, flat_size
+from pflkit.core import Param, SplitModel, flat_size
 
 
 class BatchNorm1dAnyBatch(nn.BatchNorm1d):

@@ -20,10 +20,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from pflkit.core import ClientContext, ClientTrainer, ConfigError, Param, PflError, make_optimizer, run_sgd
-from pflkit.core.client import host_copy
-from pflkit.core.params import non_negative, positive
-from pflkit.core.state import load_into
+from pflkit.core import (ClientContext, ClientTrainer, ConfigError, Param, PflError, host_copy, load_into,
+                         make_optimizer, non_negative, positive, run_sgd)
 
 from .equations import (EQ10_READINGS, class_level_losses, classifier_rows, influence_weights,
                         leave_one_out_mean, weighted_state, weighted_sum)

@@ -25,9 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from pflkit.core import ConfigError, Message, Param, PflError, ServerAggregator, ServerContext
-from pflkit.core.params import non_negative
-from pflkit.core.state import clone_state
+from pflkit.core import (ConfigError, Message, Param, PflError, ServerAggregator, ServerContext, clone_state,
+                         non_negative)
 
 from .client import PROTOCOL, check_model
 
@@ -52,7 +51,7 @@ def client_names(ctx: ServerContext) -> List[str]:
         cfg = ctx.cfg
         part = cfg.partition
         if part.name == "by_group" and part.get("assign", "exact") == "exact" and not part.get("shuffle", False):
-            from pflkit.core.registry import DATASETS
+            from pflkit.core import DATASETS
 
             hook = getattr(DATASETS.get(cfg.dataset.name), "group_names", None)
             if callable(hook):

@@ -13,11 +13,9 @@ from click.testing import CliRunner
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import ClientContext, ConfigError, MODELS, Message, Simulation, TensorData, classification
-from pflkit.core import payload_nbytes
-from pflkit.core.cli.main import cli
-from pflkit.core.testing import tiny_config
-from pflkit.models import SplitModel
+from pflkit.core import (ClientContext, ConfigError, MODELS, Message, Simulation, SplitModel, TensorData,
+                         classification, payload_nbytes)
+from pflkit.core.testing import cli, tiny_config
 from pflkit_fedc2i import FedC2IRelay, FedC2ITrainer
 
 torch.set_num_threads(1)
@@ -160,7 +158,7 @@ def test_fit_reply_is_plain_data_with_the_influence_vector():
 
 
 def _model_bytes(cfg) -> int:
-    from pflkit.core.simulation import make_model_factory
+    from pflkit.core.testing import make_model_factory
 
     build = make_model_factory(cfg, (3, 16, 16), 10, torch.device("cpu"))
     return payload_nbytes(build().state_dict())
@@ -292,8 +290,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 @pytest.mark.parametrize("name", ["digits_domains.toml", "digit5.toml", "office10.toml"])
 def test_shipped_configs_resolve_and_name_missing_data(name, tmp_path):
     from pflkit.core import DataError
-    from pflkit.core.config import load_file, resolve
-    from pflkit.core.data import build_federated_data
+    from pflkit.core.testing import load_file, resolve
+    from pflkit.core import build_federated_data
 
     layer = load_file(CONFIGS / name)
     cfg = resolve([layer, {"dataset": {"root": str(tmp_path)}}], algorithm="fedc2i")

@@ -7,9 +7,7 @@ from typing import Any, Dict, List
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import BitMask, LocalSGDTrainer, Param, PflError
-from pflkit.core.params import unit_interval
-from pflkit.core.state import bn_keys, load_into
+from pflkit.core import BitMask, LocalSGDTrainer, Param, PflError, bn_keys, load_into, unit_interval
 
 from .equations import SELECTIONS, critical_masks, sensitivity
 

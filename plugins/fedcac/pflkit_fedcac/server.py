@@ -11,9 +11,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from pflkit.core import BitMask, Message, Param, PflError, ServerAggregator, ServerContext
-from pflkit.core.figures import log_matrix_figure
-from pflkit.core.params import non_negative, positive
+from pflkit.core import (BitMask, Message, Param, PflError, ServerAggregator, ServerContext, log_matrix_figure,
+                         non_negative, positive)
 
 from .client import PROTOCOL
 from .equations import (OVERLAPS, customized_models, global_model, masked_init, overlap_matrix, threshold,

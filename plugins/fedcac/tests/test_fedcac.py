@@ -8,12 +8,9 @@ import torch
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import BitMask, ClientContext, ConfigError, Message, ServerContext, Simulation, TensorData
-from pflkit.core import classification, payload_nbytes
-from pflkit.core.simulation import make_model_factory
-from pflkit.core.state import bn_keys
-from pflkit.core.testing import quick_run, tiny_config
-from pflkit.models import SplitModel
+from pflkit.core import (BitMask, ClientContext, ConfigError, Message, ServerContext, Simulation, SplitModel,
+                         TensorData, bn_keys, classification, payload_nbytes)
+from pflkit.core.testing import make_model_factory, quick_run, tiny_config
 from pflkit_fedcac import FedCACAggregator, FedCACTrainer
 
 TRAIN_CFG = EasyDict(optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=8, local_epochs=2,

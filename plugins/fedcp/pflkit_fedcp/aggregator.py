@@ -5,11 +5,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from easydict import EasyDict
 
-from pflkit.core.fold import Layout, layout_of
-from pflkit.core.params import Param
-from pflkit.core.protocol import Message
-from pflkit.core.server import ServerAggregator, ServerContext
-from pflkit.core.state import State, clone_state
+from pflkit.core import Layout, Message, Param, ServerAggregator, ServerContext, State, clone_state, layout_of
 
 from .modules import check_options, initial_shared_state
 
@@ -24,7 +20,7 @@ class FedCPAggregator(ServerAggregator):
     """
 
     protocol = "fedcp"
-    mean_fields = ("params",)  # lines 18-21 are sample-weighted means: folded as the replies arrive (core/fold.py)
+    mean_fields = ("params",)  # lines 18-21 are sample-weighted means: folded as the replies arrive (core/api/fold.py)
     description = "sample-weighted averaging of extractor, (global+personal)/2 head and CPN"
     params = {
         "sync": Param("paper", "who receives the new global modules: paper (selected clients, at the start of "

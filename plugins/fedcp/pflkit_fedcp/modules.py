@@ -12,9 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflkit.core.errors import ConfigError
-from pflkit.core.seeding import derive_seed
-from pflkit.core.state import State, bn_keys, module_keys
+from pflkit.core import ConfigError, State, bn_keys, derive_seed, module_keys
 
 CPN_PREFIX = "cpn."
 

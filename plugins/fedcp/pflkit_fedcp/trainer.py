@@ -6,12 +6,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from pflkit.core.client import BN_PARAM, ClientContext, ClientTrainer, host_copy
-from pflkit.core.errors import ConfigError
-from pflkit.core.params import Param, non_negative, positive
-from pflkit.core.seeding import derive_seed
-from pflkit.core.state import State, load_into
-from pflkit.core.training import make_optimizer, run_sgd
+from pflkit.core import (BN_PARAM, ClientContext, ClientTrainer, ConfigError, Param, State, derive_seed, host_copy,
+                         load_into, make_optimizer, non_negative, positive, run_sgd)
 
 from .modules import (ACTIVATIONS, CPN_PREFIX, NORMS, POLICIES, build_cpn, check_options, client_vector,
                       cpn_input, mmd_rbf, shared_model_keys)
@@ -209,7 +205,7 @@ class FedCPTrainer(ClientTrainer):
                 "cpn": self.cpn.state_dict(), "v": self.v, "random_input": self.random_input,
                 "fits_done": self.fits_done}
 
-    # declared per-client state: one pooled trainer serves every client (core/clientstate.py) ----------------
+    # declared per-client state: one pooled trainer serves every client (core/api/clientstate.py) ----------------
     declares_state = True
 
     def _random_input(self) -> Optional[torch.Tensor]:

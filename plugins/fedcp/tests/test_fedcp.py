@@ -10,10 +10,8 @@ import pytest
 import torch
 from easydict import EasyDict
 
-from pflkit.core import ConfigError, Simulation
-from pflkit.core.backend import SerialBackend
-from pflkit.core.protocol import iter_tensors
-from pflkit.core.testing import quick_run, tiny_config
+from pflkit.core import ConfigError, Simulation, iter_tensors
+from pflkit.core.testing import SerialBackend, quick_run, tiny_config
 from pflkit_fedcp import ConditionalPolicyNetwork, FedCPAggregator, FedCPTrainer, client_vector, cpn_input, mmd_rbf
 
 
@@ -218,7 +216,7 @@ def test_config_errors_are_clear(tmp_path):
 
 
 def test_defaults_follow_the_paper():
-    from pflkit.core.config import resolve
+    from pflkit.core.testing import resolve
     cfg = resolve([], algorithm="fedcp")
     assert cfg.model.name == "cnn4"
     assert (cfg.train.lr, cfg.train.batch_size, cfg.train.local_epochs) == (0.005, 10, 1)

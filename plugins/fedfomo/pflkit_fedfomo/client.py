@@ -15,11 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from pflkit.core import ClientContext, ClientTrainer, Param, PflError, evaluate, make_optimizer, minibatches, run_sgd
-from pflkit.core.client import host_copy
-from pflkit.core.seeding import derive_seed
-from pflkit.core.state import load_into
-from pflkit.core.training import TensorData
+from pflkit.core import (ClientContext, ClientTrainer, Param, PflError, TensorData, derive_seed, evaluate, host_copy,
+                         load_into, make_optimizer, minibatches, run_sgd)
 
 from .equations import fomo_update, fomo_weights, state_distance
 

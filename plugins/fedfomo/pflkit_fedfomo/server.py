@@ -16,8 +16,8 @@ from typing import Any, Dict, Sequence
 
 import torch
 
-from pflkit.core import ConfigError, Message, Param, PflError, ServerAggregator, ServerContext
-from pflkit.core.params import non_negative, unit_interval
+from pflkit.core import (ConfigError, Message, Param, PflError, ServerAggregator, ServerContext, non_negative,
+                         unit_interval)
 
 from .client import PROTOCOL
 from .equations import choose_candidates, epsilon_at, update_affinity

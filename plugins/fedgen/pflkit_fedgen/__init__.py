@@ -21,12 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param
-from pflkit.core.params import non_negative, positive, unit_interval
-from pflkit.core.fold import fold_mean
-from pflkit.core.protocol import Message
-from pflkit.core.server import ServerContext
-from pflkit.core.state import State
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerContext, State, fold_mean,
+                         non_negative, positive, unit_interval)
 from pflkit_fedavg import FedAvgAggregator
 
 from .equations import (FeatureGenerator, client_regulariser, decayed, diversity_loss, ensemble_logits,
@@ -211,7 +207,7 @@ class FedGenAggregator(FedAvgAggregator):
         return super().aggregate_fit(rnd, replies)  # FedAvg's mean of the uploads
 
     def combine(self, states: List[State], weights: List[float], cids: List[int]) -> State:
-        # FedAvg's mean with the arithmetic of FedAvg's streamed one (core.fold): alpha = beta = 0 is FedAvg bit for
+        # FedAvg's mean with the arithmetic of FedAvg's streamed one (core.api.fold): alpha = beta = 0 is FedAvg bit for
         # bit, although FedGen needs every upload at once (its generator learns from every head)
         return fold_mean(states, weights)
 

@@ -11,7 +11,7 @@ from torch import nn
 from torch.func import functional_call
 
 from pflkit.core import MODELS, Simulation
-from pflkit.core import registry as reg
+from pflkit import core as reg
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, metrics_records as records,
                                  run_capturing_replies, tiny_config, tiny_run, tiny_simulation)

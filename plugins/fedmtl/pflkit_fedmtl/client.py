@@ -16,10 +16,8 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from pflkit.core import ClientContext, ClientTrainer, Param, PflError, make_optimizer, run_sgd
-from pflkit.core.client import host_copy
-from pflkit.core.params import non_negative
-from pflkit.core.state import load_into
+from pflkit.core import (ClientContext, ClientTrainer, Param, PflError, host_copy, load_into, make_optimizer,
+                         non_negative, run_sgd)
 
 from .equations import auto_lambda, client_regulariser, neighbour_sums
 

@@ -19,8 +19,7 @@ from typing import Any, Dict, Iterator, Mapping, Sequence, Tuple
 
 import torch
 
-from pflkit.core import Message, Param, PflError, ServerAggregator, ServerContext
-from pflkit.core.params import positive
+from pflkit.core import Message, Param, PflError, ServerAggregator, ServerContext, positive
 
 from .client import PROTOCOL
 from .equations import gram, neighbour_sums, omega_code, omega_initial, omega_mean, sigma_and_omega

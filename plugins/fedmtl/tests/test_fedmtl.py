@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from pflkit.core.clientstate import same_state
+from pflkit.core import same_state
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, metrics_records, tiny_run)
 from pflkit_fedmtl import (auto_lambda, client_regulariser, gram, neighbour_sums, omega_code, omega_initial,

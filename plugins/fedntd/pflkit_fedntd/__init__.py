@@ -12,9 +12,7 @@ from typing import Any, Dict
 
 import torch
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param
-from pflkit.core.params import non_negative, positive
-from pflkit.core.state import load_into
+from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param, load_into, non_negative, positive
 
 from .equations import not_true_logits, ntd_loss
 

@@ -16,11 +16,8 @@ from typing import Any, Dict, Sequence
 
 import torch
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param
-from pflkit.core.client import host_copy
-from pflkit.core.params import positive, unit_interval
-from pflkit.core.protocol import Message
-from pflkit.core.state import load_into
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, host_copy, load_into, positive,
+                         unit_interval)
 from pflkit_fedavg import FedAvgAggregator
 
 from .equations import hpm_momentum, hpm_update, kd_transfer, local_objective, mmd_rbf

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from pflkit.core import MODELS, Simulation
-from pflkit.core import registry as reg
+from pflkit import core as reg
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, metrics_records as records,
                                  run_capturing_replies, tiny_config, tiny_run, tiny_simulation)

@@ -6,10 +6,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from pflkit.core import ClientContext, ClientTrainer, ConfigError, Param, PflError, make_optimizer, minibatches, run_sgd
-from pflkit.core.client import host_copy
-from pflkit.core.params import non_negative
-from pflkit.core.state import load_into
+from pflkit.core import (ClientContext, ClientTrainer, ConfigError, Param, PflError, host_copy, load_into,
+                         make_optimizer, minibatches, non_negative, run_sgd)
 
 from .equations import DISTANCES, dense_prototypes, local_prototypes, prototype_loss, prototype_scores
 

@@ -10,12 +10,9 @@ from click.testing import CliRunner
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import ClientContext, ConfigError, Message, ServerContext, Simulation, TensorData, classification
-from pflkit.core import PflError
-from pflkit.core.cli.main import cli
-from pflkit.core.protocol import iter_tensors
-from pflkit.core.testing import quick_run, run_capturing_replies, tiny_config
-from pflkit.models import SplitModel
+from pflkit.core import (ClientContext, ConfigError, Message, PflError, ServerContext, Simulation, SplitModel,
+                         TensorData, classification, iter_tensors)
+from pflkit.core.testing import cli, quick_run, run_capturing_replies, tiny_config
 from pflkit_fedproto import FedProtoAggregator, FedProtoTrainer
 from pflkit_fedproto.equations import local_prototypes, prototype_scores
 
@@ -194,7 +191,7 @@ def test_every_option_value_can_be_set_from_the_command_line():
 
 
 def test_defaults_follow_the_authors_settings():
-    from pflkit.core.config import resolve
+    from pflkit.core.testing import resolve
     cfg = resolve([], algorithm="fedproto")
     assert (cfg.train.optimizer, cfg.train.lr, cfg.train.momentum) == ("sgd", 0.01, 0.5)
     assert (cfg.train.batch_size, cfg.train.local_epochs, cfg.trainer.lambda_proto) == (4, 1, 1.0)

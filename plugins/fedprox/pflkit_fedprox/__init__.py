@@ -16,9 +16,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from pflkit.core import Algorithm, LocalSGDTrainer, Param
-from pflkit.core.params import non_negative
-from pflkit.core.state import proximal_term
+from pflkit.core import Algorithm, LocalSGDTrainer, Param, non_negative, proximal_term
 
 __all__ = ["FedProxTrainer", "ALGORITHM", "proximal_term"]
 

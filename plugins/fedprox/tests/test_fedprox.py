@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from pflkit.core import Simulation
-from pflkit.core.errors import ConfigError
+from pflkit.core import ConfigError, Simulation
 from pflkit.core.testing import quick_run, tiny_config
 from pflkit_fedprox import FedProxTrainer, proximal_term
 

@@ -21,8 +21,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from pflkit.core import Algorithm, ConfigError, Param, make_optimizer, run_sgd
-from pflkit.core.params import positive
+from pflkit.core import Algorithm, ConfigError, Param, make_optimizer, positive, run_sgd
 from pflkit_fedper import FedPerTrainer
 
 __all__ = ["FedRepTrainer", "ALGORITHM", "frozen"]

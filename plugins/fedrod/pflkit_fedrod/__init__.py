@@ -26,10 +26,8 @@ from typing import Any, Dict, List
 import torch
 from torch import nn
 
-from pflkit.core import Algorithm, ClientContext, ConfigError, LocalSGDTrainer, Param, make_optimizer, run_sgd
-from pflkit.core.client import host_copy
-from pflkit.core.params import non_negative, positive
-from pflkit.core.state import load_into
+from pflkit.core import (Algorithm, ClientContext, ConfigError, LocalSGDTrainer, Param, host_copy, load_into,
+                         make_optimizer, non_negative, positive, run_sgd)
 
 from .equations import balanced_softmax_loss, class_counts, personalized_logits, personalized_loss
 

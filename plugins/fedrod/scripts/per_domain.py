@@ -17,8 +17,7 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from pflkit.core import Simulation
-from pflkit.core.evaluation import per_client_metric
+from pflkit.core import Simulation, per_client_metric
 
 
 def final_per_client(run_dir: Path) -> Dict[str, float]:

@@ -9,11 +9,9 @@ from click.testing import CliRunner
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import ClientContext, ConfigError, Simulation, TensorData, classification
-from pflkit.core import make_optimizer, minibatches, payload_nbytes, run_sgd
-from pflkit.core.cli.main import cli
-from pflkit.core.testing import quick_run, run_capturing_replies, tiny_config
-from pflkit.models import SplitModel
+from pflkit.core import (ClientContext, ConfigError, Simulation, SplitModel, TensorData, classification,
+                         make_optimizer, minibatches, payload_nbytes, run_sgd)
+from pflkit.core.testing import cli, quick_run, run_capturing_replies, tiny_config
 from pflkit_fedrod import (FedRoDTrainer, balanced_softmax_loss, class_counts, personalized_logits,
                            personalized_loss)
 

@@ -43,10 +43,8 @@ from typing import List, Optional, Set
 
 import torch
 
-from pflkit.core import Algorithm, GlobalModelAggregator, Param, ServerContext
-from pflkit.core.figures import log_matrix_figure
-from pflkit.core.params import unit_interval
-from pflkit.core.state import State, weighted_average
+from pflkit.core import (Algorithm, GlobalModelAggregator, Param, ServerContext, State, log_matrix_figure,
+                         unit_interval, weighted_average)
 
 from .skew import ALPHA_NORMS, CV_NORMS, MIC_NORMS, FedSAReport, fedsa_aggregate
 

@@ -5,7 +5,7 @@ Metric (the paper's): accuracy of the *global* model on every client's test spli
 averaged over the last 10 evaluated rounds (``eval.final_k=10``); mean +- std (population, over seeds). All rows
 share the model, optimiser, rounds and partition, so only the algorithm differs.
 
-The runs are ``fl compare`` runs (``pflkit.core.compare.run_comparison``), one comparison per partition, under
+The runs are ``fl compare`` runs (``pflkit.core.results.compare.run_comparison``), one comparison per partition, under
 ``--out``/<partition>/: each has its own results.md / results.json / curves.png, and rerunning reuses finished runs.
 This script only adds what one comparison cannot show: the two partitions side by side, and FedSA's diagnostics
 (means over rounds of the ``fedsa/*`` scalars in each run's metrics.jsonl).
@@ -70,7 +70,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the markdown table here too")
     args = ap.parse_args(argv)
 
-    from pflkit.core.compare import run_comparison
+    from pflkit.core import run_comparison
 
     columns = {}
     for part_label, partition in PARTITIONS.items():

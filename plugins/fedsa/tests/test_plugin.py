@@ -8,10 +8,8 @@ import torch
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import MODELS, ConfigError, ServerContext, TRAINERS
-from pflkit.core.config import resolve
-from pflkit.core.state import weighted_average
-from pflkit.core.testing import quick_run, tiny_config
+from pflkit.core import ConfigError, MODELS, ServerContext, TRAINERS, weighted_average
+from pflkit.core.testing import quick_run, resolve, tiny_config
 from pflkit_fedsa import FedSAAggregator
 
 

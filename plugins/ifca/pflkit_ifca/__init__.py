@@ -24,11 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator
-from pflkit.core.params import positive
-from pflkit.core.seeding import derive_seed
-from pflkit.core.state import State, clone_state
-from pflkit.core.training import evaluate
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, State, clone_state,
+                         derive_seed, evaluate, positive)
 
 from .equations import choose_cluster, cluster_average, recovery
 
@@ -132,7 +129,7 @@ class IFCAAggregator(ServerAggregator):
         self.truth = self._true_clusters()
 
     def _true_clusters(self) -> Optional[List[int]]:
-        from pflkit.datasets.clustered import client_clusters
+        from pflkit.core import client_clusters
 
         meta = (self.ctx.data_info or {}).get("meta") or {}
         truth, problem = client_clusters(meta, self.ctx.cfg, self.ctx.num_clients)

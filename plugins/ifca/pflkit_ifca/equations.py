@@ -5,8 +5,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from pflkit.core.fold import fold_mean
-from pflkit.core.state import State
+from pflkit.core import State, fold_mean
 
 
 def choose_cluster(losses: Sequence[float]) -> int:
@@ -21,7 +20,7 @@ def cluster_average(models: List[State], states: Sequence[State], weights: Seque
                     clusters: Sequence[int]) -> List[State]:
     """Model averaging: theta_j <- sum_i s_ij w_i theta_i / sum_i s_ij w_i over the uploads assigned to cluster j
     (w_i = 1 in the paper, or n_i); a cluster that received no upload keeps its model. Computed with streaming
-    aggregation's arithmetic (core.fold), so one cluster gives FedAvg's model bit for bit."""
+    aggregation's arithmetic (core.api.fold), so one cluster gives FedAvg's model bit for bit."""
     out = list(models)
     for j in range(len(models)):
         members = [i for i, c in enumerate(clusters) if c == j]

@@ -6,11 +6,10 @@ import os
 import pytest
 import torch
 
-from pflkit.core import Simulation
+from pflkit.core import Simulation, evaluate
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, metrics_records as records,
                                  tiny_config, tiny_run)
-from pflkit.core.training import evaluate
 from pflkit_ifca import IFCATrainer, choose_cluster, cluster_average, recovery
 
 OVER = {"rounds": 3, "aggregator": {"clusters": 2}, "participation": {"join_ratio": 0.75}}

@@ -19,10 +19,8 @@ from typing import Any, Dict, Optional, Sequence
 
 from itertools import islice
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator
-from pflkit.core.params import non_negative, positive
-from pflkit.core.state import State, clone_state, load_into
-from pflkit.core.training import make_optimizer, run_sgd
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, State, clone_state,
+                         load_into, make_optimizer, non_negative, positive, run_sgd)
 
 from .equations import (averaging_coefficient, local_step_size, pull_toward, repeated_coefficient)
 
@@ -107,7 +105,7 @@ class L2GDAggregator(ServerAggregator):
                           "moves x_i by c = alpha lambda/(n p) of the way to x_bar (c must be <= 1)",
                      check=non_negative),
     }
-    mean_fields = ("params",)  # x_bar is the plain mean of the uploads: folded as they arrive (core/fold.py)
+    mean_fields = ("params",)  # x_bar is the plain mean of the uploads: folded as they arrive (core/api/fold.py)
 
     def reply_weight(self, reply: Dict[str, Any]) -> float:
         return 1.0  # x_bar = (1/n) sum_i x_i, Algorithm 1: every client counts once

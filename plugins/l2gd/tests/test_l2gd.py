@@ -6,11 +6,10 @@ import os
 import pytest
 import torch
 
-from pflkit.core import Simulation
+from pflkit.core import Simulation, evaluate
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, metrics_records as records,
                                  tiny_config, tiny_run)
-from pflkit.core.training import evaluate
 from pflkit_l2gd import (L2GDTrainer, averaging_coefficient, local_step_size, pull_toward,
                          repeated_coefficient)
 

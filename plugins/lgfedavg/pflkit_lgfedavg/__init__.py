@@ -19,8 +19,7 @@ from typing import List
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param
-from pflkit.core.params import positive
+from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param, positive
 
 from .layers import model_layers
 

@@ -19,10 +19,7 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param
-from pflkit.core.client import host_copy
-from pflkit.core.params import non_negative, positive
-from pflkit.core.state import load_into
+from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param, host_copy, load_into, non_negative, positive
 
 from .equations import model_contrastive_loss
 

@@ -26,9 +26,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from pflkit.core import Algorithm, LocalSGDTrainer, Message, Param, ServerAggregator
-from pflkit.core.params import non_negative, positive
-from pflkit.core.state import proximal_term
+from pflkit.core import (Algorithm, LocalSGDTrainer, Message, Param, ServerAggregator, non_negative, positive,
+                         proximal_term)
 
 from .equations import edge_step, fused_components, running_mean_step, u_update, z_update
 from .graph import complete_graph, degrees, knn_graph, out_edges

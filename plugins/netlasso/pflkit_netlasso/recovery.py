@@ -22,7 +22,7 @@ def true_clusters(meta: Optional[Mapping[str, Any]], cfg: Mapping[str, Any], num
     """The true cluster of every client when the dataset's meta gives them for this partition (the
     ``digits_clusters`` dataset under ``partition.name=by_group``), else None (with a warning when the dataset has
     true clusters that this partition does not keep)."""
-    from pflkit.datasets.clustered import client_clusters
+    from pflkit.core import client_clusters
 
     meta = meta or {}
     truth, problem = client_clusters(meta, cfg, num_clients)

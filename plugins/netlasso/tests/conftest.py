@@ -8,7 +8,7 @@ torch.set_num_threads(1)
 @pytest.fixture
 def registries_snapshot():
     """Undo in-process registrations made by a test (the lambda = 0 test registers its reference trainer)."""
-    from pflkit.core import registry as reg
+    from pflkit import core as reg
 
     for r in reg.ALL_REGISTRIES.values():
         r._discover()  # snapshot the discovered entries too, or restoring would forget them

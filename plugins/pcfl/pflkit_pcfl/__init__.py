@@ -9,7 +9,7 @@ objective (Eq. 14):
     l(f_i; D^i) + alpha * 1/(N-1) sum_{k != i} E_{D^{i,k}} l(f_i) + beta * E_{p^i_z on the unshared region} l(f_i)
 
 PCFL augments a base algorithm (``trainer.base``: local, fedavg, fedrep, ditto, ...; Tables 8-9) through the
-core's composition mechanism (core/compose.py): ``PcflTrainer`` and ``PcflAggregator`` are wrappers.
+core's composition mechanism (core/engine/compose.py): ``PcflTrainer`` and ``PcflAggregator`` are wrappers.
 """
 from pflkit.core import Algorithm
 

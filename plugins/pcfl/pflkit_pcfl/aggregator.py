@@ -1,7 +1,7 @@
 """PCFL, server side: federated flow training (Algorithm 1), the region relay (Algorithm 2 lines 1-2) and the
 routing of the overlap term (Algorithm 2 lines 3-16), around any base algorithm's aggregator.
 
-``PcflAggregator`` is a wrapper (core/compose.py): for ``trainer.base = B`` the core builds
+``PcflAggregator`` is a wrapper (core/engine/compose.py): for ``trainer.base = B`` the core builds
 ``PCFL[BAggregator] = (PcflServerMixin, BAggregator)``.
 
 Set-up (``setup_steps``, resumable: the core checkpoints after every yielded step)
@@ -33,10 +33,8 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from pflkit.core import ConfigError, GlobalModelAggregator, Message, Param, PflError, ServerAggregator, \
-    SetupStep, payload_nbytes
-from pflkit.core.params import open_unit_interval, positive
-from pflkit.core.seeding import derive_seed
+from pflkit.core import (ConfigError, GlobalModelAggregator, Message, Param, PflError, ServerAggregator, SetupStep,
+                         derive_seed, open_unit_interval, payload_nbytes, positive)
 
 from .equations import AVERAGES, average_overlap_terms, default_latent_dim
 from .flow import flow_data
@@ -280,7 +278,7 @@ class PcflServerMixin:
 
 
 class PcflAggregator(ServerAggregator):
-    """PCFL's server side around a base algorithm's aggregator (a wrapper: see core/compose.py)."""
+    """PCFL's server side around a base algorithm's aggregator (a wrapper: see core/engine/compose.py)."""
 
     description = ("PCFL server: federated manifold-flow training (Algorithm 1), region relay (Eq. 9-10, 12), "
                    "routing of the overlap term between clients (Algorithm 2)")

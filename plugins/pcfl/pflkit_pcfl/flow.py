@@ -64,8 +64,7 @@ from zuko.flows import ElementWiseTransform, GeneralCouplingTransform, LazyTrans
 from zuko.transforms import ComposedTransform, MonotonicAffineTransform, MonotonicRQSTransform, \
     PermutationTransform
 
-from pflkit.core.errors import ConfigError, DataError
-from pflkit.core.task import Task
+from pflkit.core import ConfigError, DataError, Task
 
 COUPLINGS = ("affine", "spline")
 MIXINGS = ("auto", "lu", "permutation", "none")

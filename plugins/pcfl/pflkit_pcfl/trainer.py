@@ -1,7 +1,7 @@
 """PCFL, client side: Algorithm 1's gradient steps, Eq. 9-10 and 12 (regions, overlaps, synthetic samples), and
 Eq. 14's two extra terms around any base algorithm's local update (Algorithm 2, client lines).
 
-``PcflTrainer`` is a *wrapper* (core/compose.py): it is never built itself. For ``trainer.base = B`` the core
+``PcflTrainer`` is a *wrapper* (core/engine/compose.py): it is never built itself. For ``trainer.base = B`` the core
 builds ``PCFL[BTrainer] = (PcflClientMixin, BTrainer)``, whose messages are the base's plus:
 
 set-up (round 0, see aggregator.py)
@@ -37,11 +37,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflkit.core import ClientTrainer, ConfigError, LocalSGDTrainer, Message, Param, PflError, make_optimizer, \
-    run_sgd
-from pflkit.core.client import state_declared
-from pflkit.core.params import non_negative, positive
-from pflkit.core.seeding import derive_seed
+from pflkit.core import (ClientTrainer, ConfigError, LocalSGDTrainer, Message, Param, PflError, derive_seed,
+                         make_optimizer, non_negative, positive, run_sgd, state_declared)
 
 from .equations import overlap_indices, sample_unshared
 from .flow import ManifoldFlow, flow_data, split_flow_data
@@ -444,7 +441,7 @@ class PcflClientMixin:
 
 
 class PcflTrainer(ClientTrainer):
-    """PCFL's client side around a base algorithm's trainer (a wrapper: see core/compose.py)."""
+    """PCFL's client side around a base algorithm's trainer (a wrapper: see core/engine/compose.py)."""
 
     description = ("PCFL client: the base algorithm's local update plus Eq. 14's terms -- alpha on the overlaps "
                    "D^{i,k} other clients hold (computed there), beta on synthetic samples of the unshared region")

@@ -31,7 +31,7 @@ def tiny_sine():
 @pytest.fixture
 def registries_snapshot():
     """Undo in-process registrations made by a test."""
-    from pflkit.core import registry as reg
+    from pflkit import core as reg
 
     before = {k: dict(r._entries) for k, r in reg.ALL_REGISTRIES.items() if r.names() is not None}
     yield reg

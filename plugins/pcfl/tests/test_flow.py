@@ -7,8 +7,7 @@ import torch
 
 pytest.importorskip("zuko")
 
-from pflkit.core.errors import ConfigError, DataError  # noqa: E402
-from pflkit.core.task import classification, regression  # noqa: E402
+from pflkit.core import ConfigError, DataError, classification, regression  # noqa: E402
 from pflkit_pcfl.flow import ManifoldFlow, _LULinear, flow_data, split_flow_data  # noqa: E402
 
 VARIANTS = [  # (outer_coupling, inner_coupling, mixing)

@@ -10,9 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from pflkit.core import Message, Simulation, payload_nbytes
-from pflkit.core.backend import SerialBackend
-from pflkit.core.cli.main import cli
-from pflkit.core.config import parse_sets, resolve
+from pflkit.core.testing import SerialBackend, cli, parse_sets, resolve
 from pflkit_ditto import DittoTrainer
 from pflkit_fedavg import FedAvgTrainer
 from pflkit_fedrep import FedRepTrainer
@@ -424,7 +422,7 @@ def test_fl_run_pcfl_on_the_sine_task(tmp_path):
 
 
 def test_paper_configs_resolve():
-    from pflkit.core.config import load_file
+    from pflkit.core.testing import load_file
 
     assert {p.stem for p in CONFIGS.glob("*.toml")} == {"sine", "cifar10", "femnist", "adult"}
     for path in sorted(CONFIGS.glob("*.toml")):

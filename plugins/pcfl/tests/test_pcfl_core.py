@@ -1,5 +1,5 @@
 """The general core mechanisms PCFL needed, tested with toy components: composition of an algorithm that augments
-another (core/compose.py) and the resumable set-up phase (``setup_steps``, Simulation._run_setup)."""
+another (core/engine/compose.py) and the resumable set-up phase (``setup_steps``, Simulation._run_setup)."""
 import json
 
 import pytest
@@ -7,10 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from pflkit.core import Algorithm, ClientTrainer, ConfigError, LocalSGDTrainer, Message, Param, Simulation
-from pflkit.core import compose
-from pflkit.core.cli.main import cli
-from pflkit.core.config import parse_sets, resolve
-from pflkit.core.testing import tiny_config
+from pflkit.core.testing import cli, composition, parse_sets, resolve, tiny_config
 from pflkit_fedavg import FedAvgAggregator, FedAvgTrainer
 from pflkit_fedrep import FedRepTrainer
 
@@ -68,7 +65,7 @@ def test_simulation_builds_the_composed_classes(scaled, tmp_path):
     cfg = tiny_config("scaled", sets=("trainer.base=fedrep", "rounds=1", "trainer.head_epochs=1"))
     sim = Simulation(cfg, run_dir=tmp_path / "run", tensorboard=False)
     assert issubclass(sim.trainer_cls, FedRepTrainer) and issubclass(sim.trainer_cls, _ScaleMixin)
-    assert sim.trainer_cls is compose.composition(cfg).trainer  # one class per (wrapper, base)
+    assert sim.trainer_cls is composition(cfg).trainer  # one class per (wrapper, base)
     assert sim.aggregator_cls is FedAvgAggregator
     assert sim.server_ctx.shared_keys and all(k.startswith("features.") for k in sim.server_ctx.shared_keys)
     sim.run()

@@ -29,10 +29,7 @@ from typing import List
 
 import torch
 
-from pflkit.core import Algorithm, Param
-from pflkit.core.params import non_negative, positive
-from pflkit.core.seeding import derive_seed
-from pflkit.core.training import clip_gradients, make_optimizer
+from pflkit.core import Algorithm, Param, clip_gradients, derive_seed, make_optimizer, non_negative, positive
 from pflkit_fedavg import FedAvgTrainer
 
 from .equations import hessian_vector_product, hf_direction, inner_step

@@ -8,15 +8,10 @@ import torch
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core.adaptation import AdaptationSettings
-from pflkit.core.client import ClientContext
-from pflkit.core.clientstate import same_state
-from pflkit.core.task import classification
+from pflkit.core import AdaptationSettings, ClientContext, SplitModel, TensorData, classification, same_state
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, metrics_records as records,
                                  run_capturing_replies, tiny_config, tiny_simulation)
-from pflkit.core.training import TensorData
-from pflkit.models.base import SplitModel
 from pflkit_perfedavg import PerFedAvgTrainer
 
 OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}}

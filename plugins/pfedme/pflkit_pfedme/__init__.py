@@ -19,11 +19,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from pflkit.core import Algorithm, LocalSGDTrainer, Param, make_optimizer
-from pflkit.core.client import host_copy
-from pflkit.core.params import positive
-from pflkit.core.state import load_into, proximal_term
-from pflkit.core.training import clip_gradients
+from pflkit.core import (Algorithm, LocalSGDTrainer, Param, clip_gradients, host_copy, load_into, make_optimizer,
+                         positive, proximal_term)
 from pflkit_fedavg import WEIGHTINGS, FedAvgAggregator
 
 from .equations import beta_mix, inner_step, local_w_step

@@ -7,8 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pflkit.core import Simulation
-from pflkit.core.clientstate import same_state
+from pflkit.core import Simulation, same_state
 from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, assert_resume_matches_full_run,
                                  assert_run_refused, assert_workers_match_serial, tiny_config, tiny_run)
 from pflkit_pfedme import PFedMeTrainer, beta_mix, inner_step, local_w_step
@@ -108,7 +107,7 @@ def test_fast_path_all_reduces_the_uniform_mean_before_beta(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    from pflkit.core.distributed.backend import DistributedBackend
+    from pflkit.core.testing import DistributedBackend
 
     over = {"rounds": 2, "aggregator": {"beta": 0.7}}
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)

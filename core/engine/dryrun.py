@@ -1,0 +1,85 @@
+"""Would a run start? The checks ``fl run`` makes when it starts (configuration, data, model fit, every component's
+constructor), made by starting the run in a temporary directory and giving it up at once.
+
+``fl show`` uses it to list only the base algorithms an augmenting algorithm (PCFL, ...) can run over with its
+defaults: a base whose trainer refuses the default task (e.g. FedRoD on a regression dataset) is named with the
+reason instead of being offered and then refused by every run.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import compose
+from ..api import registry as reg
+from .backend import SerialBackend
+from ..common.errors import DataError, PflError
+
+
+class _FirstClientBackend(SerialBackend):
+    """Builds the first client's data and trainer only: a trainer's start checks (task, model, options) are the
+    same for every client, and building all of them would make ``fl show`` take seconds per base."""
+
+    def assign(self, costs) -> List[int]:
+        return sorted(costs)[:1]
+
+    def start(self, build_trainer, client_ids, state_options=None) -> None:
+        self.client_ids = list(client_ids)
+        build_trainer(self.client_ids[0])
+
+
+@contextlib.contextmanager
+def _quiet():
+    """No warnings while probing (a base's start warning, e.g. FedBN without BatchNorm, is the run's to give)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def start_refusal(algorithm: str, sets: Sequence[str] = (), data_ok: bool = False) -> Optional[str]:
+    """Why ``fl run --plugin ALGORITHM --set SETS...`` would be refused at start (its one-line message), or None
+    when it starts. Nothing is left behind: the run directory is temporary, no round runs. ``data_ok``: a missing
+    or unreadable dataset (DataError) counts as starting -- the check is about the rest."""
+    from .config import parse_sets, resolve
+    from .simulation import Simulation
+
+    with _quiet(), tempfile.TemporaryDirectory(prefix="pflkit-dryrun-") as tmp:
+        try:
+            cfg = resolve([parse_sets(tuple(sets))], algorithm=algorithm)
+            sim = Simulation(cfg, run_dir=Path(tmp) / "run", backend=_FirstClientBackend(), tensorboard=False,
+                             progress=False)
+        except DataError as exc:
+            return None if data_ok else str(exc)
+        except PflError as exc:
+            return str(exc)
+        sim.abandon()
+    return None
+
+
+def runnable_bases(algorithm: str) -> Tuple[List[str], Dict[str, str]]:
+    """For an augmenting algorithm: the installed bases it starts over with its defaults, and the others it can
+    wrap by class but whose run is refused with these defaults (base -> reason). ([], {}) when nothing wraps."""
+    algo = reg.ALGORITHMS.get(algorithm)
+    trainer, aggregator = reg.TRAINERS.get(algo.trainer), reg.AGGREGATORS.get(algo.aggregator)
+    section = compose.base_section(trainer, aggregator)
+    if section is None:
+        return [], {}
+    runs, refused = [], {}
+    for base in compose.allowed_bases(trainer, aggregator):
+        # never a download from `fl show`; a dataset that is not here says nothing about the base
+        reason = start_refusal(algorithm, [f"{section}.{compose.BASE_KEY}={base}", "dataset.download=false"],
+                               data_ok=True)
+        if reason is None:
+            runs.append(base)
+        else:
+            refused[base] = reason
+    return runs, refused
