@@ -137,10 +137,13 @@ def _api_search_path() -> str:
     spec = importlib.util.find_spec("pflkit.core")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("pflkit is not installed: pip install \".[test]\" ./plugins/*/")
-    target = Path(list(spec.submodule_search_locations)[0]).resolve()
     holder = Path(tempfile.mkdtemp(prefix="pflkit-docs-api-"))
     (holder / "pflkit").mkdir()
-    (holder / "pflkit" / "core").symlink_to(target, target_is_directory=True)
+    for package in ("core", "models", "datasets"):  # models/datasets: the bundled contracts pflkit.core re-exports
+        found = importlib.util.find_spec(f"pflkit.{package}")
+        if found is not None and found.submodule_search_locations:
+            target = Path(list(found.submodule_search_locations)[0]).resolve()
+            (holder / "pflkit" / package).symlink_to(target, target_is_directory=True)
     _TEMPORARY.append(holder)
     return str(holder)
 
@@ -168,6 +171,37 @@ def on_config(config, **kwargs):
     else:
         config["nav"].append({SECTION: entries})
     return config
+
+
+API_MARKER = "<!-- public-api -->"
+
+
+def api_markdown() -> str:
+    """One mkdocstrings block per name of ``pflkit.core.__all__``, grouped by the module that defines it.
+
+    ``pflkit.core`` exports its names lazily (a module ``__getattr__``), which static analysis cannot see, so the
+    page documents each name where it is defined, from the one table of exports (``pflkit.core._EXPORTS``).
+    """
+    from pflkit import core
+
+    by_module: Dict[str, List[str]] = {}
+    for name in core.__all__:
+        module = core._EXPORTS[name]
+        by_module.setdefault("pflkit.core" + module if module.startswith(".") else module, []).append(name)
+    out: List[str] = []
+    for module, names in by_module.items():
+        out.append(f"## {', '.join(f'`{n}`' for n in names)}\n\nDefined in `{module}`.\n")
+        for name in names:
+            out.append(f"::: {module}.{name}\n    options:\n      show_root_full_path: false\n      heading_level: 3\n")
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown, page, config, files, **kwargs):
+    if page.file.src_uri == "api.md":
+        if API_MARKER not in markdown:
+            raise RuntimeError(f"docs/api.md lacks the {API_MARKER} marker where the API reference goes")
+        return markdown.replace(API_MARKER, api_markdown())
+    return markdown
 
 
 def on_files(files, config, **kwargs):
