@@ -1,0 +1,555 @@
+"""Batched execution of a round's clients (``clients.batched``): K clients' local updates as one vectorised model.
+
+Each client's parameters and buffers are stacked along a leading client dimension; one ``torch.func.vmap`` of
+``grad(functional_call(...))`` computes every stacked client's gradient on its own mini-batch in one call, and one
+elementwise optimizer (SGD with momentum and weight decay, or Adam, with per-client step counts and a per-client
+``train.max_grad_norm``) updates them all, which equals one optimizer per client. Each client's mini-batch order is
+replayed from its own seeded generator exactly as the sequential path draws it (``training.batch_indices``).
+
+Ragged clients: within an epoch every client's full batches come first and its last, smaller batch (if any) last;
+the stack runs the epoch's full-batch steps together and then the last batches, one call per distinct size. A
+client with fewer steps sits the remaining steps out: the step runs on the sub-stack of active clients only, so an
+inactive client's parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step).
+Clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as many as half the
+free device memory holds), to keep the idle slots few.
+
+Which trainers batch: a ``LocalSGDTrainer`` whose fit path (``on_fit``, ``receive``, ``upload``, ``local_update``,
+``batches``) is the base class's -- one that changes only ``loss`` / ``data_loss`` / ``shared_keys`` (or freezes
+parameters in ``__init__``) -- has its functional form derived here: the trainer's own ``loss`` is called with the
+stacked client's tensors substituted into its model (``functional_call``). The loss may read only what is the same
+for every client (hyperparameters, the task); a probe at start runs it under ``vmap`` with random operations
+refused, so dropout or a loss vmap cannot trace is a reason not to batch, said once, never a wrong number.
+Everything around the training stays per client: receiving the server's message, uploading, vetting each reply,
+rollback, the state store. A batched group that raises or passes its time limit runs again one client at a time, so
+a failing client is isolated as in the sequential path; a client that diverges has NaN in its own slice only and is
+rejected alone by the reply vetting.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..api.client import LocalSGDTrainer
+from ..api.training import batch_indices
+from ..common.calltimer import ClientTimedOut, deadline
+from ..common.errors import ConfigError, PflError
+from ..common.seeding import seed_everything
+
+log = logging.getLogger("pflkit")
+
+MODES = ("auto", "on", "off")
+# the methods of a local update's fit path: a trainer that keeps LocalSGDTrainer's has a derivable functional form
+FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches")
+MEMORY_SHARE = 0.5  # the share of free device memory one stacked group may use (the rest: the data, the allocator)
+
+
+# -- which trainers batch -------------------------------------------------------------------------------------------
+def form_reason(trainer_cls: type) -> Optional[str]:
+    """None when the core derives ``trainer_cls``'s batched local update; else why it cannot (one phrase)."""
+    name = getattr(trainer_cls, "__name__", str(trainer_cls))
+    if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, LocalSGDTrainer)):
+        return f"{name} is not a LocalSGDTrainer (its local update has no declared functional form)"
+    for method in FIT_PATH:
+        if getattr(trainer_cls, method) is not getattr(LocalSGDTrainer, method):
+            return (f"{name} overrides {method}() (only a LocalSGDTrainer that changes loss, data_loss or "
+                    f"shared_keys has a derived batched form)")
+    return None
+
+
+def trainer_batches(trainer_cls: type) -> Tuple[bool, str]:
+    """What ``fl show`` says: whether ``trainer_cls`` batches, and the phrase saying how or why not."""
+    reason = form_reason(trainer_cls)
+    if reason is None:
+        return True, "batched (the core derives its vectorised local update)"
+    return False, f"sequential ({reason})"
+
+
+# -- the plan a run follows -----------------------------------------------------------------------------------------
+@dataclass
+class BatchedPlan:
+    """Which path a run's fit calls take, and why (run_info.json, the summary)."""
+
+    mode: str  # clients.batched
+    batched: bool
+    reason: str
+    stack: Optional[int] = None  # clients.stack (None: all of a round's clients on CPU, from free memory on CUDA)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"mode": self.mode, "path": "batched" if self.batched else "sequential", "reason": self.reason,
+                "stack": self.stack}
+
+
+def decide(mode: str, trainer_cls: type, trainer_name: str, device: torch.device,
+           probe: Callable[[], Optional[str]], stack: Optional[int] = None) -> BatchedPlan:
+    """The path for ``mode`` (auto/on/off). ``probe()`` tries the vectorised loss once (None: it works); ``on`` with a
+    trainer that cannot batch is a ConfigError naming why."""
+    if mode == "off":
+        return BatchedPlan(mode, False, "clients.batched=off", stack)
+    reason = form_reason(trainer_cls)
+    if mode == "auto" and device.type != "cuda":
+        why = "auto runs clients one after another on CPU, so CPU numbers stay as published"
+        return BatchedPlan(mode, False, why + ("; clients.batched=on batches them" if reason is None else
+                                               f"; this trainer cannot batch anyway: {reason}"), stack)
+    if reason is None:
+        reason = probe()
+    if reason is not None:
+        if mode == "on":
+            raise ConfigError(f"clients.batched=on: trainer '{trainer_name}' cannot be batched: {reason}; "
+                              f"use clients.batched=auto or off")
+        return BatchedPlan(mode, False, reason, stack)
+    return BatchedPlan(mode, True, "clients.batched=on" if mode == "on" else
+                       f"auto: {device.type} device and a trainer with a batched form", stack)
+
+
+# -- memory bound ---------------------------------------------------------------------------------------------------
+def free_device_memory(device: torch.device) -> Optional[int]:
+    """Free bytes on ``device`` (None off CUDA). Module level, so tests can stand in for a GPU."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def per_client_bytes(model: nn.Module, x: torch.Tensor, slots: int) -> int:
+    """Bytes one stacked client needs: its parameters and buffers, their gradient and ``slots`` optimizer states,
+    a working copy, and its activations on one batch ``x`` (measured with forward hooks, twice for the backward)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    acts = [0]
+
+    def hook(_m, _i, out):
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                acts[0] += t.numel() * t.element_size()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            was = model.training
+            model.eval()
+            model(x)
+            model.train(was)
+    finally:
+        for h in handles:
+            h.remove()
+    return params * (3 + slots) + 2 * buffers + 2 * acts[0] + x.numel() * x.element_size()
+
+
+def stack_bound(stack: Optional[int], device: torch.device, need: Callable[[], int],
+                free: Callable[[torch.device], Optional[int]] = None) -> Optional[int]:
+    """How many clients one group stacks: ``clients.stack`` when set; on CUDA the clients that fit in half the
+    free memory (``need()``: bytes per client); elsewhere no bound (None)."""
+    if stack is not None:
+        return int(stack)
+    free_bytes = (free or free_device_memory)(device)
+    if free_bytes is None:
+        return None
+    return max(1, int(free_bytes * MEMORY_SHARE) // max(1, int(need())))
+
+
+def group_by_steps(steps: Dict[int, int], bound: Optional[int]) -> List[List[int]]:
+    """Clients sorted by step count (then id), cut into groups of at most ``bound``: a group's clients have similar
+    step counts, so few of its slots are idle."""
+    order = sorted(steps, key=lambda c: (steps[c], c))
+    size = len(order) if not bound else max(1, int(bound))
+    return [sorted(order[i:i + size]) for i in range(0, len(order), size)]
+
+
+# -- the functional local update ------------------------------------------------------------------------------------
+class _LossOf(nn.Module):
+    """The trainer's own ``loss(x, y)`` as a module whose only sub-module is the trainer's model, so
+    ``functional_call`` substitutes a stacked client's tensors into that model for the call."""
+
+    def __init__(self, trainer: LocalSGDTrainer) -> None:
+        super().__init__()
+        self.model = trainer.model
+        object.__setattr__(self, "_trainer", trainer)  # not a sub-module: its tensors are not substituted
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._trainer.loss(x, y)
+
+
+def _vmapped_grad(trainer: LocalSGDTrainer) -> Callable:
+    from torch.func import functional_call, grad_and_value, vmap
+
+    wrapper = _LossOf(trainer)
+
+    def loss(params, consts, x, y):
+        return functional_call(wrapper, {**params, **consts}, (x, y))
+
+    return vmap(grad_and_value(loss), randomness="error")
+
+
+def split_names(model: nn.Module) -> Tuple[List[str], List[str]]:
+    """(trained parameters, constants: buffers and frozen parameters), as ``functional_call`` names them."""
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    trained_set = set(trained)
+    consts = [n for n, _ in model.named_parameters() if n not in trained_set] + [n for n, _ in model.named_buffers()]
+    return trained, consts
+
+
+def probe(trainer: LocalSGDTrainer) -> Optional[str]:
+    """Run the trainer's loss vectorised over two copies of its model on two samples of its client's data; None when
+    that works, else why not (random operations such as dropout, code vmap cannot trace)."""
+    data = trainer.ctx.train
+    if len(data) == 0:
+        return None
+    model = trainer.model
+    trained, consts = split_names(model)
+    named = dict(model.named_parameters())
+    named.update(dict(model.named_buffers()))
+    with torch.no_grad():
+        saved = {n: t.detach().clone() for n, t in named.items()}
+    try:
+        model.train()
+        p = {f"model.{n}": named[n].detach().unsqueeze(0).repeat(2, *[1] * named[n].dim()) for n in trained}
+        c = {f"model.{n}": named[n].detach().unsqueeze(0).repeat(2, *[1] * named[n].dim()).clone() for n in consts}
+        x, y = data.batch(torch.arange(min(2, len(data)), device=data.y.device))
+        _vmapped_grad(trainer)(p, c, torch.stack([x, x]), torch.stack([y, y]))
+    except Exception as exc:  # the loss cannot be vectorised: say why, run sequentially
+        msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        if "randomness" in msg or "random" in msg.lower():
+            return f"its training draws random numbers (dropout or similar), which the batched path does not replay"
+        return f"its loss cannot be vectorised ({type(exc).__name__}: {msg})"
+    finally:
+        with torch.no_grad():
+            for n, t in named.items():
+                t.copy_(saved[n])
+    return None
+
+
+@dataclass
+class ClientPlan:
+    """One stacked client's round: its mini-batch indices (full batches, then the last smaller one) per epoch."""
+
+    full: List[List[torch.Tensor]]  # per epoch, the full batches' indices
+    last: List[Optional[torch.Tensor]]  # per epoch, the smaller last batch (None: none)
+
+    @property
+    def steps(self) -> int:
+        return sum(len(f) for f in self.full) + sum(t is not None for t in self.last)
+
+
+def client_plan(trainer: LocalSGDTrainer) -> ClientPlan:
+    """Replay ``trainer.batches()``'s draws (same generator, same order) as index lists, split per epoch."""
+    cfg = trainer.ctx.train_cfg
+    n, b, epochs = len(trainer.ctx.train), int(cfg.batch_size), int(cfg.local_epochs)
+    idx = list(batch_indices(n, b, epochs, generator=trainer.ctx.generator,
+                             drop_last=bool(cfg.get("drop_last", False)), device=trainer.ctx.train.y.device))
+    per_epoch = len(idx) // epochs if epochs and idx else 0
+    full, last = [], []
+    for e in range(epochs if idx else 0):
+        chunk = idx[e * per_epoch:(e + 1) * per_epoch]
+        small = chunk[-1] if chunk and (len(chunk[-1]) != b) else None
+        full.append(chunk[:-1] if small is not None else chunk)
+        last.append(small)
+    return ClientPlan(full, last)
+
+
+class StackedOptimizer:
+    """``train.optimizer`` over stacked tensors: elementwise, so it equals one optimizer per client. Steps act on a
+    subset of clients (``rows``); the others' parameters and state are left as they are."""
+
+    def __init__(self, params: Dict[str, torch.Tensor], train_cfg: Any) -> None:
+        self.kind = train_cfg.optimizer
+        self.lr = float(train_cfg.lr)
+        self.momentum = float(train_cfg.get("momentum", 0.0) or 0.0)
+        self.wd = float(train_cfg.get("weight_decay", 0.0) or 0.0)
+        limit = train_cfg.get("max_grad_norm")
+        self.max_norm = float(limit) if limit else None
+        self.params = params
+        k = next(iter(params.values())).shape[0] if params else 0
+        device = next(iter(params.values())).device if params else torch.device("cpu")
+        self.steps = torch.zeros(k, dtype=torch.float64, device=device)  # Adam's per-client step count
+        self.m = {n: torch.zeros_like(p) for n, p in params.items()} if (self.kind == "adam" or self.momentum) else {}
+        self.v = {n: torch.zeros_like(p) for n, p in params.items()} if self.kind == "adam" else {}
+
+    def clip(self, grads: Dict[str, torch.Tensor]) -> None:
+        """torch.nn.utils.clip_grad_norm_ per client: scale its gradients to total 2-norm ``max_norm``."""
+        if not self.max_norm or not grads:
+            return
+        norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()], dim=1)  # [K, tensors]
+        total = norms.norm(dim=1)
+        coef = torch.clamp(self.max_norm / (total + 1e-6), max=1.0)
+        for g in grads.values():
+            g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
+
+    def step(self, grads: Dict[str, torch.Tensor], rows: Optional[torch.Tensor]) -> None:
+        """One step for the clients in ``rows`` (None: all); ``grads`` hold those clients' gradients only."""
+        self.clip(grads)
+        with torch.no_grad():
+            if self.kind == "adam":
+                self._adam(grads, rows)
+            else:
+                self._sgd(grads, rows)
+
+    def _get(self, store: Dict[str, torch.Tensor], n: str, rows) -> torch.Tensor:
+        return store[n] if rows is None else store[n][rows]
+
+    def _put(self, store: Dict[str, torch.Tensor], n: str, rows, value: torch.Tensor) -> None:
+        if rows is None:
+            if value is not store[n]:
+                store[n].copy_(value)
+        else:
+            store[n].index_copy_(0, rows, value)
+
+    def _sgd(self, grads, rows) -> None:
+        for n, g in grads.items():
+            p = self._get(self.params, n, rows)
+            if self.wd:
+                g = g.add(p, alpha=self.wd)
+            if self.momentum:
+                buf = self._get(self.m, n, rows).mul_(self.momentum).add_(g)
+                self._put(self.m, n, rows, buf)
+                g = buf
+            self._put(self.params, n, rows, p.add_(g, alpha=-self.lr))
+
+    def _adam(self, grads, rows, betas=(0.9, 0.999), eps=1e-8) -> None:
+        b1, b2 = betas
+        if rows is None:
+            self.steps += 1
+            steps = self.steps
+        else:
+            steps = self.steps[rows] + 1
+            self.steps.index_copy_(0, rows, steps)
+        bc1 = 1 - b1 ** steps
+        bc2_sqrt = (1 - b2 ** steps).sqrt()
+        for n, g in grads.items():
+            p = self._get(self.params, n, rows)
+            if self.wd:
+                g = g.add(p, alpha=self.wd)
+            m = self._get(self.m, n, rows).lerp_(g, 1 - b1)
+            v = self._get(self.v, n, rows).mul_(b2).addcmul_(g, g, value=1 - b2)
+            shape = (-1,) + (1,) * (p.dim() - 1)
+            step_size = (self.lr / bc1).to(p.dtype).view(shape)
+            denom = (v.sqrt() / bc2_sqrt.to(p.dtype).view(shape)).add_(eps)
+            p.addcdiv_(m * step_size, denom, value=-1.0)
+            self._put(self.m, n, rows, m)
+            self._put(self.v, n, rows, v)
+            self._put(self.params, n, rows, p)
+
+
+def train_stacked(trainer: LocalSGDTrainer, states: List[Dict[str, torch.Tensor]], plans: List[ClientPlan],
+                  data: List[Any]) -> Tuple[List[Dict[str, torch.Tensor]], List[float]]:
+    """Run the stacked clients' local updates. ``trainer``: any trainer of the class (its ``loss`` is the objective;
+    its model gives the structure); ``states``: each client's model tensors (``named_parameters`` and
+    ``named_buffers`` names) after receiving the round's message; ``data``: each client's ``TensorData``.
+    Returns each client's tensors after training and its mean training loss (as ``run_sgd`` computes it)."""
+    model = trainer.model
+    trained, consts = split_names(model)
+    k = len(states)
+    P = {f"model.{n}": torch.stack([s[n] for s in states]) for n in trained}
+    C = {f"model.{n}": torch.stack([s[n] for s in states]) for n in consts}
+    opt = StackedOptimizer(P, trainer.ctx.train_cfg)
+    grad_fn = _vmapped_grad(trainer)
+    device = next(iter(P.values())).device if P else torch.device("cpu")
+    loss_sum = torch.zeros(k, device=device)
+    steps = torch.tensor([p.steps for p in plans], device=device)
+    model.train()
+
+    def step(rows: Optional[torch.Tensor], xs: torch.Tensor, ys: torch.Tensor) -> None:
+        if rows is None:
+            grads, loss = grad_fn(P, C, xs, ys)  # BatchNorm statistics update C in place
+        else:
+            c_sub = {n: t[rows] for n, t in C.items()}
+            grads, loss = grad_fn({n: t[rows] for n, t in P.items()}, c_sub, xs, ys)
+            for n, t in c_sub.items():
+                C[n].index_copy_(0, rows, t)
+        opt.step(grads, rows)
+        if rows is None:
+            loss_sum.add_(loss.detach())
+        else:
+            loss_sum.index_add_(0, rows, loss.detach())
+
+    epochs = max((len(p.full) for p in plans), default=0)
+    for e in range(epochs):
+        # full batches: per client one gather of this epoch's samples, then a view per step
+        counts = [len(p.full[e]) if e < len(p.full) else 0 for p in plans]
+        width = max(counts, default=0)
+        if width:
+            xs_all, ys_all = [], []
+            for i, p in enumerate(plans):
+                if counts[i]:
+                    x, y = data[i].batch(torch.cat(p.full[e]))
+                    x = x.view(counts[i], -1, *x.shape[1:])
+                    y = y.view(counts[i], -1, *y.shape[1:])
+                    if counts[i] < width:  # idle slots: never computed (the step runs on the active rows only)
+                        x = torch.cat([x, x[:1].expand(width - counts[i], *x.shape[1:])])
+                        y = torch.cat([y, y[:1].expand(width - counts[i], *y.shape[1:])])
+                else:
+                    x = y = None
+                xs_all.append(x)
+                ys_all.append(y)
+            present = [i for i in range(k) if counts[i]]
+            X = torch.stack([xs_all[i] for i in present])  # [clients with batches, width, batch, ...]
+            Y = torch.stack([ys_all[i] for i in present])
+            for t in range(width):
+                active = [j for j, i in enumerate(present) if counts[i] > t]
+                if len(active) == k:
+                    step(None, X[:, t], Y[:, t])
+                else:
+                    sel = torch.tensor(active, device=X.device)
+                    rows = torch.tensor([present[j] for j in active], device=device)
+                    step(rows, X[sel, t], Y[sel, t])
+            del X, Y, xs_all, ys_all
+        # last (smaller) batches: one step per distinct size
+        sizes: Dict[int, List[int]] = {}
+        for i, p in enumerate(plans):
+            if e < len(p.last) and p.last[e] is not None:
+                sizes.setdefault(len(p.last[e]), []).append(i)
+        for size in sorted(sizes):
+            members = sizes[size]
+            batches = [data[i].batch(plans[i].last[e]) for i in members]
+            xs = torch.stack([b[0] for b in batches])
+            ys = torch.stack([b[1] for b in batches])
+            step(None if len(members) == k else torch.tensor(members, device=device), xs, ys)
+
+    means = (loss_sum.double() / steps.clamp(min=1).double()).tolist()
+    out = []
+    for i in range(k):
+        s = {n[len("model."):]: t[i] for n, t in P.items()}
+        s.update({n[len("model."):]: t[i] for n, t in C.items()})
+        out.append(s)
+    return out, [m if plans[i].steps else 0.0 for i, m in enumerate(means)]
+
+
+# -- the backend's side ---------------------------------------------------------------------------------------------
+@dataclass
+class BatchedRunner:
+    """Runs a round's ``fit`` calls batched inside a serial backend (each rank's, in a distributed run)."""
+
+    plan: BatchedPlan
+    device: torch.device
+    free: Optional[Callable[[torch.device], Optional[int]]] = None  # free device memory (tests stand in for a GPU)
+    groups_run: int = 0  # batched groups trained so far (tests and the benchmark read these)
+    fallbacks: int = 0  # groups that raised or timed out and ran again client by client
+    _bound: Optional[int] = field(default=None, repr=False)
+    _bound_known: bool = field(default=False, repr=False)
+
+    def takes(self, calls: Dict[int, Any]) -> bool:
+        """Whether these calls run batched: every one a ``fit`` that brings the shared params, two or more."""
+        return self.plan.batched and len(calls) > 1 and all(
+            c.message.kind == "fit" and isinstance(c.message.payload, dict) and "params" in c.message.payload
+            for c in calls.values())
+
+    def bound(self, trainer: LocalSGDTrainer) -> Optional[int]:
+        if not self._bound_known:
+            def need() -> int:
+                data = trainer.ctx.train
+                b = int(trainer.ctx.train_cfg.batch_size)
+                x, _ = data.batch(torch.arange(min(b, len(data)), device=data.y.device))
+                slots = 2 if trainer.ctx.train_cfg.optimizer == "adam" else 1
+                return per_client_bytes(trainer.model, x, slots)
+            self._bound = stack_bound(self.plan.stack, self.device, need, self.free)
+            self._bound_known = True
+        return self._bound
+
+    def run(self, backend: Any, calls: Dict[int, Any], snapshot: bool) -> Iterator[Any]:
+        from .backend import CallResult
+
+        prepared: Dict[int, Tuple[Dict[str, torch.Tensor], ClientPlan, Any]] = {}
+        spent: Dict[int, float] = {}
+        failed: List[Any] = []
+        trainer = None
+        for cid in sorted(calls):  # receive the message, replay the batch order: per client, as sequentially
+            start = time.perf_counter()
+            call = calls[cid]
+            try:
+                trainer = backend.batched_bind(cid, snapshot)
+            except (PflError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                failed.append(CallResult(cid, error=f"swapping its state in: {type(exc).__name__}: {exc}",
+                                         detail=traceback.format_exc()))
+                continue
+            try:
+                seed_everything(call.seed)
+                trainer.ctx.round = call.round
+                trainer.ctx.generator.manual_seed(call.seed)
+                trainer.receive(call.message.payload["params"])
+                named = dict(trainer.model.named_parameters())
+                named.update(dict(trainer.model.named_buffers()))
+                state = {n: t.detach().clone() for n, t in named.items()}
+                prepared[cid] = (state, client_plan(trainer), trainer.ctx)
+            except (KeyboardInterrupt, ClientTimedOut):
+                raise
+            except Exception as exc:
+                failed.append(CallResult(cid, error=f"{type(exc).__name__}: {exc}", detail=traceback.format_exc()))
+            spent[cid] = time.perf_counter() - start
+            err = backend.batched_release(cid)
+            if err is not None:
+                prepared.pop(cid, None)
+                failed.append(err)
+        for res in failed:
+            yield res
+        if not prepared:
+            return
+        bound = self.bound(trainer)
+        for group in group_by_steps({cid: prepared[cid][1].steps for cid in prepared}, bound):
+            yield from self._run_group(backend, group, calls, prepared, spent, snapshot)
+
+    def _run_group(self, backend: Any, group: List[int], calls: Dict[int, Any], prepared: Dict[int, Any],
+                   spent: Dict[int, float], snapshot: bool) -> Iterator[Any]:
+        from .backend import CallResult
+
+        start = time.perf_counter()
+        limit = backend.client_timeout
+        trainer = backend.batched_bind(group[0], False)  # any trainer of the class: its loss, model structure
+        backend.batched_release(group[0])
+        try:
+            with deadline(None if limit is None else limit * len(group),
+                          lambda: backend._hung_message(group[0], calls[group[0]].round)):
+                states, losses = train_stacked(trainer, [prepared[c][0] for c in group],
+                                               [prepared[c][1] for c in group],
+                                               [prepared[c][2].train for c in group])
+        except KeyboardInterrupt:
+            raise
+        except (Exception, ClientTimedOut) as exc:  # find the client: run the group again one client at a time
+            self.fallbacks += 1
+            log.debug("batched group %s failed (%s: %s); running its clients one at a time", group,
+                      type(exc).__name__, exc)
+            for cid in group:  # a live trainer's rollback snapshot was taken before it received the message
+                yield backend._run_one(cid, calls[cid], False)
+            return
+        self.groups_run += 1
+        share = (time.perf_counter() - start) / len(group)
+        for cid, state, loss in zip(group, states, losses):
+            t0 = time.perf_counter()
+            try:
+                tr = backend.batched_bind(cid, False)
+            except (PflError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                yield CallResult(cid, error=f"swapping its state in: {type(exc).__name__}: {exc}",
+                                 detail=traceback.format_exc())
+                continue
+            try:
+                with torch.no_grad():
+                    for n, t in list(tr.model.named_parameters()) + list(tr.model.named_buffers()):
+                        t.copy_(state[n])
+                reply = {"params": tr.upload(), "num_samples": tr.ctx.num_train, "train_loss": loss}
+                result = CallResult(cid, reply=reply)
+            except (KeyboardInterrupt, ClientTimedOut):
+                raise
+            except Exception as exc:
+                result = CallResult(cid, error=f"{type(exc).__name__}: {exc}", detail=traceback.format_exc())
+            err = backend.batched_release(cid)
+            result.seconds = spent.get(cid, 0.0) + share + time.perf_counter() - t0
+            yield result if err is None else err
+
+
+def plan_from_config(cfg: Any, trainer_cls: type, device: torch.device, make_trainer: Callable[[], Any]
+                     ) -> BatchedPlan:
+    """The run's plan: ``clients.batched`` and ``clients.stack`` (``.get``: a run saved before the keys existed
+    runs sequentially, as it did)."""
+    clients = cfg.get("clients", {}) or {}
+    mode = clients.get("batched", "off") or "off"
+    stack = clients.get("stack")
+    return decide(mode, trainer_cls, cfg.trainer.name, device, lambda: probe(make_trainer()), stack)
+
