@@ -266,7 +266,7 @@ class StackedOptimizer:
         self.params = params
         k = next(iter(params.values())).shape[0] if params else 0
         device = next(iter(params.values())).device if params else torch.device("cpu")
-        self.steps = torch.zeros(k, dtype=torch.float64, device=device)  # Adam's per-client step count
+        self.steps = torch.zeros(k, dtype=torch.float64, device=device)  # per client (Adam's bias correction)
         self.m = {n: torch.zeros_like(p) for n, p in params.items()} if (self.kind == "adam" or self.momentum) else {}
         self.v = {n: torch.zeros_like(p) for n, p in params.items()} if self.kind == "adam" else {}
 
@@ -283,9 +283,15 @@ class StackedOptimizer:
     def step(self, grads: Dict[str, torch.Tensor], rows: Optional[torch.Tensor]) -> None:
         """One step for the clients in ``rows`` (None: all); ``grads`` hold those clients' gradients only."""
         self.clip(grads)
+        if rows is None:
+            self.steps += 1
+            steps = self.steps
+        else:
+            steps = self.steps[rows] + 1
+            self.steps.index_copy_(0, rows, steps)
         with torch.no_grad():
             if self.kind == "adam":
-                self._adam(grads, rows)
+                self._adam(grads, rows, steps)
             else:
                 self._sgd(grads, rows)
 
@@ -310,14 +316,8 @@ class StackedOptimizer:
                 g = buf
             self._put(self.params, n, rows, p.add_(g, alpha=-self.lr))
 
-    def _adam(self, grads, rows, betas=(0.9, 0.999), eps=1e-8) -> None:
+    def _adam(self, grads, rows, steps, betas=(0.9, 0.999), eps=1e-8) -> None:
         b1, b2 = betas
-        if rows is None:
-            self.steps += 1
-            steps = self.steps
-        else:
-            steps = self.steps[rows] + 1
-            self.steps.index_copy_(0, rows, steps)
         bc1 = 1 - b1 ** steps
         bc2_sqrt = (1 - b2 ** steps).sqrt()
         for n, g in grads.items():
