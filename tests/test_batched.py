@@ -196,8 +196,12 @@ def test_clients_are_grouped_by_step_count_under_the_bound():
 
 def test_the_cuda_bound_comes_from_free_memory_and_the_key_wins():
     cuda = torch.device("cuda")
+    from pflkit.core import BatchedForm, BatchedPhase
+
     model = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
-    need = B.per_client_bytes(model, torch.zeros(10, 64), slots=1)
+    loss = lambda x, y: torch.nn.functional.cross_entropy(model(x), y)
+    form = BatchedForm({"model": model}, [BatchedPhase(loss, ["model.0.weight"], 1)], lambda losses: {})
+    need = B.per_client_bytes(form, torch.zeros(10, 64), torch.zeros(10, dtype=torch.long), slots=1)
     params = sum(p.numel() for p in model.parameters()) * 4
     assert need >= params * 4  # parameters, gradient, momentum, working copy at least
     free = lambda device: 100 * need  # a GPU with room for 100 clients' worth
@@ -219,8 +223,8 @@ def test_the_runner_groups_a_cuda_round_by_the_memory_bound(tmp_path, monkeypatc
 
 def runner_need(sim):
     t = sim.trainer_cls(sim.contexts[0])
-    x, _ = t.ctx.train.batch(torch.arange(10))
-    return B.per_client_bytes(t.model, x, 1)
+    x, y = t.ctx.train.batch(torch.arange(10))
+    return B.per_client_bytes(t.batched_form(), x, y, 1)
 
 
 # -- the decision ------------------------------------------------------------------------------------------------------
@@ -236,7 +240,7 @@ def test_auto_batches_on_cuda_only_and_on_forces_it():
     assert B.decide("on", FedAvgTrainer, "fedavg", cpu, ok).batched
     assert not B.decide("off", FedAvgTrainer, "fedavg", cuda, ok).batched
     prox = B.decide("auto", FedProxTrainer, "fedprox", cuda, ok)
-    assert not prox.batched and "overrides on_fit()" in prox.reason
+    assert not prox.batched and "FedProxTrainer overrides on_fit()" in prox.reason
     probe_fails = B.decide("auto", FedAvgTrainer, "fedavg", cuda, lambda: "its training draws random numbers")
     assert not probe_fails.batched and "random" in probe_fails.reason
     with pytest.raises(ConfigError, match="clients.batched=on: trainer 'fedprox' cannot be batched"):
@@ -262,7 +266,7 @@ def test_fl_show_says_which_path():
     out = CliRunner().invoke(cli, ["show", "fedavg"]).output
     assert "clients.batched: batched" in out
     out = CliRunner().invoke(cli, ["show", "fedprox"]).output
-    assert "clients.batched: sequential (FedProxTrainer overrides on_fit()" in out
+    assert "clients.batched: sequential (FedProxTrainer overrides on_fit() and declares no batched_form()" in out
 
 
 def test_run_info_and_summary_say_which_path_ran(tmp_path):

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
+from ..api.batching import BatchedForm
 from ..api.client import LocalSGDTrainer
 from ..api.training import batch_indices
 from ..common.calltimer import ClientTimedOut, deadline
@@ -51,15 +52,27 @@ MEMORY_SHARE = 0.5  # the share of free device memory one stacked group may use 
 
 
 # -- which trainers batch -------------------------------------------------------------------------------------------
+def _definer(cls: type, name: str) -> Optional[type]:
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return klass
+    return None
+
+
 def form_reason(trainer_cls: type) -> Optional[str]:
-    """None when the core derives ``trainer_cls``'s batched local update; else why it cannot (one phrase)."""
+    """None when ``trainer_cls`` has a batched form (``batched_form``, core/api/batching.py) that covers its fit path;
+    else why not (one phrase). LocalSGDTrainer's form covers a subclass that changes only ``loss``, ``data_loss``,
+    ``shared_keys`` or its ``__init__``; a class that overrides a fit-path method must declare its own form in the same
+    class or below, so a form is never applied to a local update it was not written for."""
     name = getattr(trainer_cls, "__name__", str(trainer_cls))
     if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, LocalSGDTrainer)):
-        return f"{name} is not a LocalSGDTrainer (its local update has no declared functional form)"
+        return f"{name} is not a LocalSGDTrainer and declares no batched form"
+    form_owner = _definer(trainer_cls, "batched_form")
     for method in FIT_PATH:
-        if getattr(trainer_cls, method) is not getattr(LocalSGDTrainer, method):
-            return (f"{name} overrides {method}() (only a LocalSGDTrainer that changes loss, data_loss or "
-                    f"shared_keys has a derived batched form)")
+        owner = _definer(trainer_cls, method)
+        if owner is not None and not issubclass(form_owner, owner):
+            return (f"{owner.__name__} overrides {method}() and declares no batched_form() for it (a LocalSGDTrainer "
+                    f"that changes only loss, data_loss or shared_keys batches with no code of its own)")
     return None
 
 
@@ -67,7 +80,10 @@ def trainer_batches(trainer_cls: type) -> Tuple[bool, str]:
     """What ``fl show`` says: whether ``trainer_cls`` batches, and the phrase saying how or why not."""
     reason = form_reason(trainer_cls)
     if reason is None:
-        return True, "batched (the core derives its vectorised local update)"
+        owner = _definer(trainer_cls, "batched_form")
+        how = "the core derives its vectorised local update" if owner is LocalSGDTrainer else \
+            f"{owner.__name__} declares its phases"
+        return True, f"batched ({how})"
     return False, f"sequential ({reason})"
 
 
@@ -116,11 +132,12 @@ def free_device_memory(device: torch.device) -> Optional[int]:
     return int(torch.cuda.mem_get_info(device)[0])
 
 
-def per_client_bytes(model: nn.Module, x: torch.Tensor, slots: int) -> int:
-    """Bytes one stacked client needs: its parameters and buffers, their gradient and ``slots`` optimizer states,
-    a working copy, and its activations on one batch ``x`` (measured with forward hooks, twice for the backward)."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+def per_client_bytes(form: BatchedForm, x: torch.Tensor, y: torch.Tensor, slots: int) -> int:
+    """Bytes one stacked client needs: its tensors, a gradient, ``slots`` optimizer states and a working copy of its
+    parameters, and the activations of every phase's loss on one batch ``x, y`` (measured with forward hooks, twice
+    for the backward)."""
+    params = sum(p.numel() * p.element_size() for m in form.modules.values() for p in m.parameters())
+    buffers = sum(b.numel() * b.element_size() for m in form.modules.values() for b in m.buffers())
     acts = [0]
 
     def hook(_m, _i, out):
@@ -128,17 +145,22 @@ def per_client_bytes(model: nn.Module, x: torch.Tensor, slots: int) -> int:
             if isinstance(t, torch.Tensor):
                 acts[0] += t.numel() * t.element_size()
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    handles = [sub.register_forward_hook(hook) for m in form.modules.values() for sub in m.modules()]
+    saved = {n: t.detach().clone() for n, t in form_tensors(form).items()}  # BatchNorm statistics stay as they were
+    most = 0
     try:
         with torch.no_grad():
-            was = model.training
-            model.eval()
-            model(x)
-            model.train(was)
+            for phase in form.phases:
+                acts[0] = 0
+                phase.loss(x, y)
+                most = max(most, acts[0])
     finally:
         for h in handles:
             h.remove()
-    return params * (3 + slots) + 2 * buffers + 2 * acts[0] + x.numel() * x.element_size()
+        with torch.no_grad():
+            for n, t in form_tensors(form).items():
+                t.copy_(saved[n])
+    return params * (3 + slots) + 2 * buffers + 2 * most + x.numel() * x.element_size()
 
 
 def stack_bound(stack: Optional[int], device: torch.device, need: Callable[[], int],
@@ -162,71 +184,83 @@ def group_by_steps(steps: Dict[int, int], bound: Optional[int]) -> List[List[int
 
 
 # -- the functional local update ------------------------------------------------------------------------------------
-class _LossOf(nn.Module):
-    """The trainer's own ``loss(x, y)`` as a module whose only sub-module is the trainer's model, so
-    ``functional_call`` substitutes a stacked client's tensors into that model for the call."""
+class _Modules(nn.Module):
+    """The form's modules under their names: ``functional_call`` on it substitutes a stacked client's tensors into
+    the trainer's own modules for the duration of one call of a phase's loss."""
 
-    def __init__(self, trainer: LocalSGDTrainer) -> None:
+    def __init__(self, modules: Dict[str, nn.Module]) -> None:
         super().__init__()
-        self.model = trainer.model
-        object.__setattr__(self, "_trainer", trainer)  # not a sub-module: its tensors are not substituted
+        for name, module in modules.items():
+            self.add_module(name, module)
+        self.loss: Optional[Callable] = None
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self._trainer.loss(x, y)
+        return self.loss(x, y)
 
 
-def _vmapped_grad(trainer: LocalSGDTrainer) -> Callable:
+def _vmapped_grad(holder: _Modules, loss: Callable) -> Callable:
     from torch.func import functional_call, grad_and_value, vmap
 
-    wrapper = _LossOf(trainer)
+    def one(params, consts, x, y):
+        holder.loss = loss
+        return functional_call(holder, {**params, **consts}, (x, y))
 
-    def loss(params, consts, x, y):
-        return functional_call(wrapper, {**params, **consts}, (x, y))
-
-    return vmap(grad_and_value(loss), randomness="error")
+    return vmap(grad_and_value(one), randomness="error")
 
 
-def split_names(model: nn.Module) -> Tuple[List[str], List[str]]:
-    """(trained parameters, constants: buffers and frozen parameters), as ``functional_call`` names them."""
-    trained = [n for n, p in model.named_parameters() if p.requires_grad]
-    trained_set = set(trained)
-    consts = [n for n, _ in model.named_parameters() if n not in trained_set] + [n for n, _ in model.named_buffers()]
-    return trained, consts
+def form_tensors(form: BatchedForm) -> Dict[str, torch.Tensor]:
+    """Every parameter and buffer of the form's modules, by ``module.name``."""
+    out: Dict[str, torch.Tensor] = {}
+    for m, module in form.modules.items():
+        out.update({f"{m}.{n}": t for n, t in module.named_parameters()})
+        out.update({f"{m}.{n}": t for n, t in module.named_buffers()})
+    return out
 
 
 def probe(trainer: LocalSGDTrainer) -> Optional[str]:
-    """Run the trainer's loss vectorised over two copies of its model on two samples of its client's data; None when
-    that works, else why not (random operations such as dropout, code vmap cannot trace)."""
+    """Run each phase's loss vectorised over two copies of the trainer's tensors on two samples of its client's data;
+    None when that works, else why not (random operations such as dropout, code vmap cannot trace)."""
     data = trainer.ctx.train
+    try:
+        form = trainer.batched_form()
+    except Exception as exc:
+        return f"its batched_form() raised {type(exc).__name__}: {exc}"
+    if form is None:
+        return f"{type(trainer).__name__}.batched_form() returns None"
     if len(data) == 0:
         return None
-    model = trainer.model
-    trained, consts = split_names(model)
-    named = dict(model.named_parameters())
-    named.update(dict(model.named_buffers()))
+    tensors = form_tensors(form)
     with torch.no_grad():
-        saved = {n: t.detach().clone() for n, t in named.items()}
+        saved = {n: t.detach().clone() for n, t in tensors.items()}
+    holder = _Modules(form.modules)
     try:
-        model.train()
-        p = {f"model.{n}": named[n].detach().unsqueeze(0).repeat(2, *[1] * named[n].dim()) for n in trained}
-        c = {f"model.{n}": named[n].detach().unsqueeze(0).repeat(2, *[1] * named[n].dim()).clone() for n in consts}
+        for module in form.modules.values():
+            module.train()
         x, y = data.batch(torch.arange(min(2, len(data)), device=data.y.device))
-        _vmapped_grad(trainer)(p, c, torch.stack([x, x]), torch.stack([y, y]))
+        for phase in form.phases:
+            trains = set(phase.trains)
+            unknown = trains - set(tensors)
+            if unknown:
+                return f"its batched form trains {sorted(unknown)[0]!r}, which none of its modules holds"
+            two = {n: t.detach().unsqueeze(0).repeat(2, *[1] * t.dim()).clone() for n, t in tensors.items()}
+            _vmapped_grad(holder, phase.loss)({n: two[n] for n in trains},
+                                              {n: t for n, t in two.items() if n not in trains},
+                                              torch.stack([x, x]), torch.stack([y, y]))
     except Exception as exc:  # the loss cannot be vectorised: say why, run sequentially
         msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
-        if "randomness" in msg or "random" in msg.lower():
-            return f"its training draws random numbers (dropout or similar), which the batched path does not replay"
+        if "random" in msg.lower():
+            return "its training draws random numbers (dropout or similar), which the batched path does not replay"
         return f"its loss cannot be vectorised ({type(exc).__name__}: {msg})"
     finally:
         with torch.no_grad():
-            for n, t in named.items():
+            for n, t in tensors.items():
                 t.copy_(saved[n])
     return None
 
 
 @dataclass
 class ClientPlan:
-    """One stacked client's round: its mini-batch indices (full batches, then the last smaller one) per epoch."""
+    """One stacked client's phase: its mini-batch indices (full batches, then the last smaller one) per epoch."""
 
     full: List[List[torch.Tensor]]  # per epoch, the full batches' indices
     last: List[Optional[torch.Tensor]]  # per epoch, the smaller last batch (None: none)
@@ -236,10 +270,13 @@ class ClientPlan:
         return sum(len(f) for f in self.full) + sum(t is not None for t in self.last)
 
 
-def client_plan(trainer: LocalSGDTrainer) -> ClientPlan:
-    """Replay ``trainer.batches()``'s draws (same generator, same order) as index lists, split per epoch."""
+def client_plan(trainer: Any, epochs: Optional[int] = None, batch_size: Optional[int] = None) -> ClientPlan:
+    """Replay ``trainer.batches(epochs, batch_size)``'s draws (same generator, same order) as index lists, split per
+    epoch."""
     cfg = trainer.ctx.train_cfg
-    n, b, epochs = len(trainer.ctx.train), int(cfg.batch_size), int(cfg.local_epochs)
+    n = len(trainer.ctx.train)
+    b = int(batch_size or cfg.batch_size)
+    epochs = int(epochs or cfg.local_epochs)
     idx = list(batch_indices(n, b, epochs, generator=trainer.ctx.generator,
                              drop_last=bool(cfg.get("drop_last", False)), device=trainer.ctx.train.y.device))
     per_epoch = len(idx) // epochs if epochs and idx else 0
@@ -256,9 +293,9 @@ class StackedOptimizer:
     """``train.optimizer`` over stacked tensors: elementwise, so it equals one optimizer per client. Steps act on a
     subset of clients (``rows``); the others' parameters and state are left as they are."""
 
-    def __init__(self, params: Dict[str, torch.Tensor], train_cfg: Any) -> None:
+    def __init__(self, params: Dict[str, torch.Tensor], train_cfg: Any, lr: Optional[float] = None) -> None:
         self.kind = train_cfg.optimizer
-        self.lr = float(train_cfg.lr)
+        self.lr = float(train_cfg.lr if lr is None else lr)
         self.momentum = float(train_cfg.get("momentum", 0.0) or 0.0)
         self.wd = float(train_cfg.get("weight_decay", 0.0) or 0.0)
         limit = train_cfg.get("max_grad_norm")
@@ -335,24 +372,37 @@ class StackedOptimizer:
             self._put(self.params, n, rows, p)
 
 
-def train_stacked(trainer: LocalSGDTrainer, states: List[Dict[str, torch.Tensor]], plans: List[ClientPlan],
-                  data: List[Any]) -> Tuple[List[Dict[str, torch.Tensor]], List[float]]:
-    """Run the stacked clients' local updates. ``trainer``: any trainer of the class (its ``loss`` is the objective;
-    its model gives the structure); ``states``: each client's model tensors (``named_parameters`` and
-    ``named_buffers`` names) after receiving the round's message; ``data``: each client's ``TensorData``.
-    Returns each client's tensors after training and its mean training loss (as ``run_sgd`` computes it)."""
-    model = trainer.model
-    trained, consts = split_names(model)
+def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torch.Tensor]],
+                  plans: List[List[ClientPlan]], data: List[Any]) -> Tuple[List[Dict[str, torch.Tensor]], List[List[float]]]:
+    """Run the stacked clients' local updates, phase by phase. ``form``: any client's form (its losses and modules
+    are used with each client's tensors substituted); ``states``: each client's ``form_tensors`` after receiving the
+    round's message; ``plans``: per client, one ``ClientPlan`` per phase; ``data``: each client's ``TensorData``.
+    Returns each client's tensors after training and its mean training loss per phase (as ``run_sgd`` computes it)."""
     k = len(states)
-    P = {f"model.{n}": torch.stack([s[n] for s in states]) for n in trained}
-    C = {f"model.{n}": torch.stack([s[n] for s in states]) for n in consts}
-    opt = StackedOptimizer(P, trainer.ctx.train_cfg)
-    grad_fn = _vmapped_grad(trainer)
-    device = next(iter(P.values())).device if P else torch.device("cpu")
-    loss_sum = torch.zeros(k, device=device)
-    steps = torch.tensor([p.steps for p in plans], device=device)
-    model.train()
+    names = list(states[0])
+    T = {n: torch.stack([s[n] for s in states]) for n in names}
+    device = next(iter(T.values())).device
+    holder = _Modules(form.modules)
+    for module in form.modules.values():
+        module.train()
+    losses: List[List[float]] = [[] for _ in range(k)]
+    for ph, phase in enumerate(form.phases):
+        trains = [n for n in names if n in set(phase.trains)]
+        P = {n: T[n] for n in trains}
+        C = {n: T[n] for n in names if n not in set(trains)}
+        opt = StackedOptimizer(P, train_cfg, phase.lr)
+        grad_fn = _vmapped_grad(holder, phase.loss)
+        loss_sum = torch.zeros(k, device=device)
+        phase_plans = [p[ph] for p in plans]
+        _run_phase(grad_fn, P, C, opt, loss_sum, phase_plans, data, k, device)
+        steps = [p.steps for p in phase_plans]
+        for i, total in enumerate(loss_sum.double().tolist()):
+            losses[i].append(total / steps[i] if steps[i] else 0.0)
+    out = [{n: T[n][i] for n in names} for i in range(k)]
+    return out, losses
 
+
+def _run_phase(grad_fn, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: int, device) -> None:
     def step(rows: Optional[torch.Tensor], xs: torch.Tensor, ys: torch.Tensor) -> None:
         if rows is None:
             grads, loss = grad_fn(P, C, xs, ys)  # BatchNorm statistics update C in place
@@ -373,22 +423,20 @@ def train_stacked(trainer: LocalSGDTrainer, states: List[Dict[str, torch.Tensor]
         counts = [len(p.full[e]) if e < len(p.full) else 0 for p in plans]
         width = max(counts, default=0)
         if width:
+            present = [i for i in range(k) if counts[i]]
             xs_all, ys_all = [], []
-            for i, p in enumerate(plans):
-                if counts[i]:
-                    x, y = data[i].batch(torch.cat(p.full[e]))
-                    x = x.view(counts[i], -1, *x.shape[1:])
-                    y = y.view(counts[i], -1, *y.shape[1:])
-                    if counts[i] < width:  # idle slots: never computed (the step runs on the active rows only)
-                        x = torch.cat([x, x[:1].expand(width - counts[i], *x.shape[1:])])
-                        y = torch.cat([y, y[:1].expand(width - counts[i], *y.shape[1:])])
-                else:
-                    x = y = None
+            for i in present:
+                x, y = data[i].batch(torch.cat(plans[i].full[e]))
+                x = x.view(counts[i], -1, *x.shape[1:])
+                y = y.view(counts[i], -1, *y.shape[1:])
+                if counts[i] < width:  # idle slots: never computed (the step runs on the active rows only)
+                    x = torch.cat([x, x[:1].expand(width - counts[i], *x.shape[1:])])
+                    y = torch.cat([y, y[:1].expand(width - counts[i], *y.shape[1:])])
                 xs_all.append(x)
                 ys_all.append(y)
-            present = [i for i in range(k) if counts[i]]
-            X = torch.stack([xs_all[i] for i in present])  # [clients with batches, width, batch, ...]
-            Y = torch.stack([ys_all[i] for i in present])
+            X = torch.stack(xs_all)  # [clients with batches, width, batch, ...]
+            Y = torch.stack(ys_all)
+            del xs_all, ys_all
             for t in range(width):
                 active = [j for j, i in enumerate(present) if counts[i] > t]
                 if len(active) == k:
@@ -397,7 +445,7 @@ def train_stacked(trainer: LocalSGDTrainer, states: List[Dict[str, torch.Tensor]
                     sel = torch.tensor(active, device=X.device)
                     rows = torch.tensor([present[j] for j in active], device=device)
                     step(rows, X[sel, t], Y[sel, t])
-            del X, Y, xs_all, ys_all
+            del X, Y
         # last (smaller) batches: one step per distinct size
         sizes: Dict[int, List[int]] = {}
         for i, p in enumerate(plans):
@@ -409,14 +457,6 @@ def train_stacked(trainer: LocalSGDTrainer, states: List[Dict[str, torch.Tensor]
             xs = torch.stack([b[0] for b in batches])
             ys = torch.stack([b[1] for b in batches])
             step(None if len(members) == k else torch.tensor(members, device=device), xs, ys)
-
-    means = (loss_sum.double() / steps.clamp(min=1).double()).tolist()
-    out = []
-    for i in range(k):
-        s = {n[len("model."):]: t[i] for n, t in P.items()}
-        s.update({n[len("model."):]: t[i] for n, t in C.items()})
-        out.append(s)
-    return out, [m if plans[i].steps else 0.0 for i, m in enumerate(means)]
 
 
 # -- the backend's side ---------------------------------------------------------------------------------------------
@@ -438,14 +478,14 @@ class BatchedRunner:
             c.message.kind == "fit" and isinstance(c.message.payload, dict) and "params" in c.message.payload
             for c in calls.values())
 
-    def bound(self, trainer: LocalSGDTrainer) -> Optional[int]:
+    def bound(self, trainer: LocalSGDTrainer, form: BatchedForm) -> Optional[int]:
         if not self._bound_known:
             def need() -> int:
                 data = trainer.ctx.train
                 b = int(trainer.ctx.train_cfg.batch_size)
-                x, _ = data.batch(torch.arange(min(b, len(data)), device=data.y.device))
+                x, y = data.batch(torch.arange(min(b, len(data)), device=data.y.device))
                 slots = 2 if trainer.ctx.train_cfg.optimizer == "adam" else 1
-                return per_client_bytes(trainer.model, x, slots)
+                return per_client_bytes(form, x, y, slots)
             self._bound = stack_bound(self.plan.stack, self.device, need, self.free)
             self._bound_known = True
         return self._bound
@@ -453,10 +493,10 @@ class BatchedRunner:
     def run(self, backend: Any, calls: Dict[int, Any], snapshot: bool) -> Iterator[Any]:
         from .backend import CallResult
 
-        prepared: Dict[int, Tuple[Dict[str, torch.Tensor], ClientPlan, Any]] = {}
+        prepared: Dict[int, Tuple[Dict[str, torch.Tensor], List[ClientPlan], Any, tuple]] = {}
         spent: Dict[int, float] = {}
         failed: List[Any] = []
-        trainer = None
+        trainer = form = None
         for cid in sorted(calls):  # receive the message, replay the batch order: per client, as sequentially
             start = time.perf_counter()
             call = calls[cid]
@@ -473,10 +513,12 @@ class BatchedRunner:
                 trainer.ctx.round = call.round
                 trainer.ctx.generator.manual_seed(call.seed)
                 trainer.receive(call.message.payload["params"])
-                named = dict(trainer.model.named_parameters())
-                named.update(dict(trainer.model.named_buffers()))
-                state = {n: t.detach().clone() for n, t in named.items()}
-                prepared[cid] = (state, client_plan(trainer), trainer.ctx)
+                form = trainer.batched_form()
+                state = {n: t.detach().clone() for n, t in form_tensors(form).items()}
+                plans = [client_plan(trainer, ph.epochs, ph.batch_size) for ph in form.phases]
+                # clients stack only with clients whose phases are alike
+                shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr) for ph in form.phases)
+                prepared[cid] = (state, plans, trainer.ctx, shape)
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
@@ -490,25 +532,33 @@ class BatchedRunner:
             yield res
         if not prepared:
             return
-        bound = self.bound(trainer)
-        for group in group_by_steps({cid: prepared[cid][1].steps for cid in prepared}, bound):
-            yield from self._run_group(backend, group, calls, prepared, spent, snapshot)
+        bound = self.bound(trainer, form)
+        shapes: Dict[tuple, Dict[int, int]] = {}
+        for cid, (_, plans, _, shape) in prepared.items():
+            shapes.setdefault(shape, {})[cid] = sum(p.steps for p in plans)
+        for steps in shapes.values():
+            for group in group_by_steps(steps, bound):
+                yield from self._run_group(backend, group, calls, prepared, spent)
 
     def _run_group(self, backend: Any, group: List[int], calls: Dict[int, Any], prepared: Dict[int, Any],
-                   spent: Dict[int, float], snapshot: bool) -> Iterator[Any]:
+                   spent: Dict[int, float]) -> Iterator[Any]:
         from .backend import CallResult
 
         start = time.perf_counter()
         limit = backend.client_timeout
-        trainer = backend.batched_bind(group[0], False)  # any trainer of the class: its loss, model structure
-        backend.batched_release(group[0])
         try:
             with deadline(None if limit is None else limit * len(group),
                           lambda: backend._hung_message(group[0], calls[group[0]].round)):
-                states, losses = train_stacked(trainer, [prepared[c][0] for c in group],
+                trainer = backend.batched_bind(group[0], False)  # any client's form: its losses and modules
+                try:
+                    form = trainer.batched_form()
+                    train_cfg = trainer.ctx.train_cfg
+                finally:
+                    backend.batched_release(group[0])
+                states, losses = train_stacked(form, train_cfg, [prepared[c][0] for c in group],
                                                [prepared[c][1] for c in group],
                                                [prepared[c][2].train for c in group])
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, PflError):
             raise
         except (Exception, ClientTimedOut) as exc:  # find the client: run the group again one client at a time
             self.fallbacks += 1
@@ -530,11 +580,11 @@ class BatchedRunner:
                                  detail=traceback.format_exc())
                 continue
             try:
+                form = tr.batched_form()
                 with torch.no_grad():
-                    for n, t in list(tr.model.named_parameters()) + list(tr.model.named_buffers()):
+                    for n, t in form_tensors(form).items():
                         t.copy_(state[n])
-                reply = {"params": tr.upload(), "num_samples": tr.ctx.num_train, "train_loss": loss}
-                result = CallResult(cid, reply=reply)
+                result = CallResult(cid, reply=form.reply(loss))
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
