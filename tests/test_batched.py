@@ -31,6 +31,10 @@ SUPPORTED = {
     "fedbn": (BN_MODEL, ()),
     "fedbabu": ({}, ()),
     "lgfedavg": ({}, ()),
+    "fedrep": ({}, ("trainer.head_epochs=2",)),
+    "fedrep-bn": (BN_MODEL, ("trainer.head_epochs=2", "train.momentum=0.5")),
+    "ditto": ({}, ()),
+    "ditto-adam-epochs": ({}, ("train.optimizer=adam", "train.lr=0.01", "trainer.personal_epochs=2")),
 }
 
 
@@ -81,16 +85,21 @@ def test_one_round_batched_equals_sequential(tmp_path, name):
         _close(seq_states[cid], bat_states[cid], where=f"client {cid} state")
         assert seq_replies[cid]["num_samples"] == bat_replies[cid]["num_samples"]
         assert bat_replies[cid]["train_loss"] == pytest.approx(seq_replies[cid]["train_loss"], rel=1e-4)
+        assert bat_replies[cid].get("metrics", {}) == pytest.approx(seq_replies[cid].get("metrics", {}), rel=1e-4)
 
 
 DIGITS_30 = {"rounds": 30, "partition": {"num_clients": 8}, "model": {"name": "mlp", "hidden": [100]},
              "train": {"batch_size": 10}, "eval": {"every": 10, "final_k": 1}}
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedper", "fedbabu", "lgfedavg"])
+THIRTY = {"fedavg": (), "fedper": (), "fedbabu": (), "lgfedavg": (), "fedrep": ("trainer.head_epochs=2",),
+          "ditto": ()}
+
+
+@pytest.mark.parametrize("algorithm", list(THIRTY))
 def test_thirty_digits_rounds_end_within_a_third_of_a_point(tmp_path, algorithm):
-    _, seq = tiny_run(algorithm, tmp_path / "seq", DIGITS_30, ("clients.batched=off",))
-    _, bat = tiny_run(algorithm, tmp_path / "bat", DIGITS_30, ("clients.batched=on",))
+    _, seq = tiny_run(algorithm, tmp_path / "seq", DIGITS_30, THIRTY[algorithm] + ("clients.batched=off",))
+    _, bat = tiny_run(algorithm, tmp_path / "bat", DIGITS_30, THIRTY[algorithm] + ("clients.batched=on",))
     assert bat["clients_batched"]["path"] == "batched" and seq["clients_batched"]["path"] == "sequential"
     assert abs(bat["final"]["uniform"] - seq["final"]["uniform"]) <= 0.003
 
@@ -200,7 +209,7 @@ def test_the_cuda_bound_comes_from_free_memory_and_the_key_wins():
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
     loss = lambda x, y: torch.nn.functional.cross_entropy(model(x), y)
-    form = BatchedForm({"model": model}, [BatchedPhase(loss, ["model.0.weight"], 1)], lambda losses: {})
+    form = BatchedForm({"model": model}, [BatchedPhase(loss, ["model.0.weight"], 1)], lambda losses, start: {})
     need = B.per_client_bytes(form, torch.zeros(10, 64), torch.zeros(10, dtype=torch.long), slots=1)
     params = sum(p.numel() for p in model.parameters()) * 4
     assert need >= params * 4  # parameters, gradient, momentum, working copy at least
@@ -265,6 +274,8 @@ def test_on_with_a_trainer_that_cannot_batch_is_one_line(tmp_path):
 def test_fl_show_says_which_path():
     out = CliRunner().invoke(cli, ["show", "fedavg"]).output
     assert "clients.batched: batched" in out
+    assert "clients.batched: batched (FedRepTrainer declares its phases)" in CliRunner().invoke(
+        cli, ["show", "fedrep"]).output
     out = CliRunner().invoke(cli, ["show", "fedprox"]).output
     assert "clients.batched: sequential (FedProxTrainer overrides on_fit() and declares no batched_form()" in out
 

@@ -34,11 +34,12 @@ class BatchedPhase:
 @dataclass
 class BatchedForm:
     """``modules``: name -> the trainer's module whose parameters and buffers each client holds; ``phases`` in order;
-    ``reply(losses)``: the fit reply from each phase's mean training loss."""
+    ``reply(losses, start)``: the fit reply from each phase's mean training loss, with the client's trained tensors
+    in the modules and ``start`` holding its tensors (``"<module>.<name>"``) as the update began."""
 
     modules: Dict[str, nn.Module]
     phases: List[BatchedPhase]
-    reply: Callable[[List[float]], Dict[str, Any]]
+    reply: Callable[[List[float], Dict[str, torch.Tensor]], Dict[str, Any]]
 
 
 def trained_names(module: nn.Module, prefix: str, under: Optional[str] = None) -> List[str]:

@@ -193,7 +193,7 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
         fit path (``on_fit``, ``receive``, ``upload``, ``local_update``, ``batches``) declares its own form in the same
         class (or returns None: its clients then run one after another)."""
         phase = BatchedPhase(self.loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs))
-        return BatchedForm({"model": self.model}, [phase], lambda losses: {
+        return BatchedForm({"model": self.model}, [phase], lambda losses, start: {
             "params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1]})
 
     def state_dict(self) -> Dict[str, Any]:

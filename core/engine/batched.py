@@ -584,7 +584,7 @@ class BatchedRunner:
                 with torch.no_grad():
                     for n, t in form_tensors(form).items():
                         t.copy_(state[n])
-                result = CallResult(cid, reply=form.reply(loss))
+                result = CallResult(cid, reply=form.reply(loss, prepared[cid][0]))
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
