@@ -34,6 +34,7 @@ SUPPORTED = {
     "fedrep": ({}, ("trainer.head_epochs=2",)),
     "fedrep-bn": (BN_MODEL, ("trainer.head_epochs=2", "train.momentum=0.5")),
     "ditto": ({}, ()),
+    "fedprox": ({}, ("trainer.mu=0.5", "train.momentum=0.9")),
     "ditto-adam-epochs": ({}, ("train.optimizer=adam", "train.lr=0.01", "trainer.personal_epochs=2")),
 }
 
@@ -93,7 +94,7 @@ DIGITS_30 = {"rounds": 30, "partition": {"num_clients": 8}, "model": {"name": "m
 
 
 THIRTY = {"fedavg": (), "fedper": (), "fedbabu": (), "lgfedavg": (), "fedrep": ("trainer.head_epochs=2",),
-          "ditto": ()}
+          "ditto": (), "fedprox": ("trainer.mu=0.1",)}
 
 
 @pytest.mark.parametrize("algorithm", list(THIRTY))
@@ -239,7 +240,7 @@ def runner_need(sim):
 # -- the decision ------------------------------------------------------------------------------------------------------
 def test_auto_batches_on_cuda_only_and_on_forces_it():
     from pflkit_fedavg import FedAvgTrainer
-    from pflkit_fedprox import FedProxTrainer
+    from pflkit_apfl import APFLTrainer
 
     ok = lambda: None
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
@@ -248,12 +249,12 @@ def test_auto_batches_on_cuda_only_and_on_forces_it():
     assert B.decide("auto", FedAvgTrainer, "fedavg", cuda, ok).batched
     assert B.decide("on", FedAvgTrainer, "fedavg", cpu, ok).batched
     assert not B.decide("off", FedAvgTrainer, "fedavg", cuda, ok).batched
-    prox = B.decide("auto", FedProxTrainer, "fedprox", cuda, ok)
-    assert not prox.batched and "FedProxTrainer overrides on_fit()" in prox.reason
+    apfl = B.decide("auto", APFLTrainer, "apfl", cuda, ok)
+    assert not apfl.batched and "APFLTrainer overrides on_fit()" in apfl.reason
     probe_fails = B.decide("auto", FedAvgTrainer, "fedavg", cuda, lambda: "its training draws random numbers")
     assert not probe_fails.batched and "random" in probe_fails.reason
-    with pytest.raises(ConfigError, match="clients.batched=on: trainer 'fedprox' cannot be batched"):
-        B.decide("on", FedProxTrainer, "fedprox", cpu, ok)
+    with pytest.raises(ConfigError, match="clients.batched=on: trainer 'apfl' cannot be batched"):
+        B.decide("on", APFLTrainer, "apfl", cpu, ok)
 
 
 def test_dropout_is_found_by_the_probe(tmp_path):
@@ -276,8 +277,8 @@ def test_fl_show_says_which_path():
     assert "clients.batched: batched" in out
     assert "clients.batched: batched (FedRepTrainer declares its phases)" in CliRunner().invoke(
         cli, ["show", "fedrep"]).output
-    out = CliRunner().invoke(cli, ["show", "fedprox"]).output
-    assert "clients.batched: sequential (FedProxTrainer overrides on_fit() and declares no batched_form()" in out
+    out = CliRunner().invoke(cli, ["show", "apfl"]).output
+    assert "clients.batched: sequential (APFLTrainer overrides" in out and "declares no batched_form()" in out
 
 
 def test_run_info_and_summary_say_which_path_ran(tmp_path):
