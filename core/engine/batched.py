@@ -27,12 +27,13 @@ rejected alone by the reply vetting.
 from __future__ import annotations
 
 import logging
-import math
+import random
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -48,6 +49,7 @@ log = logging.getLogger("pflkit")
 MODES = ("auto", "on", "off")
 # the methods of a local update's fit path: a trainer that keeps LocalSGDTrainer's has a derivable functional form
 FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches")
+SOLO_CLIENTS = 4  # on CPU a step of this many clients or fewer runs them one by one (cheaper than a vmap call)
 MEMORY_SHARE = 0.5  # the share of free device memory one stacked group may use (the rest: the data, the allocator)
 
 
@@ -206,6 +208,28 @@ def _vmapped_grad(holder: _Modules, loss: Callable) -> Callable:
         return functional_call(holder, {**params, **consts}, (x, y))
 
     return vmap(grad_and_value(one), randomness="error")
+
+
+def _solo_grad(holder: _Modules, loss: Callable) -> Callable:
+    """The same gradients as ``_vmapped_grad`` for a few clients, one plain autograd pass each: a vmap call costs a
+    fixed millisecond or so, more than a lone client's step of a small model."""
+    from torch.func import functional_call
+
+    def run(params, consts, xs, ys):
+        names = list(params)
+        grads = {n: [] for n in names}
+        losses = []
+        holder.loss = loss
+        for i in range(xs.shape[0]):
+            p = {n: params[n][i].detach().requires_grad_() for n in names}
+            value = functional_call(holder, {**p, **{n: t[i] for n, t in consts.items()}}, (xs[i], ys[i]))
+            got = torch.autograd.grad(value, [p[n] for n in names], allow_unused=True)
+            for n, g in zip(names, got):
+                grads[n].append(torch.zeros_like(p[n]) if g is None else g)
+            losses.append(value.detach())
+        return {n: torch.stack(g) for n, g in grads.items()}, torch.stack(losses)
+
+    return run
 
 
 def form_tensors(form: BatchedForm) -> Dict[str, torch.Tensor]:
@@ -391,10 +415,10 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
         P = {n: T[n] for n in trains}
         C = {n: T[n] for n in names if n not in set(trains)}
         opt = StackedOptimizer(P, train_cfg, phase.lr)
-        grad_fn = _vmapped_grad(holder, phase.loss)
+        grad_fns = (_vmapped_grad(holder, phase.loss), _solo_grad(holder, phase.loss))
         loss_sum = torch.zeros(k, device=device)
         phase_plans = [p[ph] for p in plans]
-        _run_phase(grad_fn, P, C, opt, loss_sum, phase_plans, data, k, device)
+        _run_phase(grad_fns, P, C, opt, loss_sum, phase_plans, data, k, device)
         steps = [p.steps for p in phase_plans]
         for i, total in enumerate(loss_sum.double().tolist()):
             losses[i].append(total / steps[i] if steps[i] else 0.0)
@@ -402,8 +426,12 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
     return out, losses
 
 
-def _run_phase(grad_fn, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: int, device) -> None:
+def _run_phase(grad_fns, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: int, device) -> None:
+    vmapped, solo = grad_fns
+
     def step(rows: Optional[torch.Tensor], xs: torch.Tensor, ys: torch.Tensor) -> None:
+        count = k if rows is None else int(rows.numel())
+        grad_fn = solo if count <= SOLO_CLIENTS and device.type == "cpu" else vmapped
         if rows is None:
             grads, loss = grad_fn(P, C, xs, ys)  # BatchNorm statistics update C in place
         else:
@@ -459,6 +487,14 @@ def _run_phase(grad_fn, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: i
             step(None if len(members) == k else torch.tensor(members, device=device), xs, ys)
 
 
+def _seed_host(seed: int) -> None:
+    """``seed_everything(seed)`` for code that runs before a batched group: python, numpy and torch's CPU generator
+    (CUDA generators are seeded through seed_everything once per round)."""
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.default_generator.manual_seed(seed)
+
+
 # -- the backend's side ---------------------------------------------------------------------------------------------
 @dataclass
 class BatchedRunner:
@@ -509,7 +545,7 @@ class BatchedRunner:
                                          detail=traceback.format_exc()))
                 continue
             try:
-                seed_everything(call.seed)
+                _seed_host(call.seed)  # as seed_everything, without its per-call CUDA bookkeeping (below)
                 trainer.ctx.round = call.round
                 trainer.ctx.generator.manual_seed(call.seed)
                 trainer.receive(call.message.payload["params"])
@@ -528,6 +564,8 @@ class BatchedRunner:
             if err is not None:
                 prepared.pop(cid, None)
                 failed.append(err)
+        # the process RNGs end the round as after the sequential path's last call (the batched steps draw nothing)
+        seed_everything(calls[max(calls)].seed)
         for res in failed:
             yield res
         if not prepared:
