@@ -35,6 +35,10 @@ SUPPORTED = {
     "fedrep-bn": (BN_MODEL, ("trainer.head_epochs=2", "train.momentum=0.5")),
     "ditto": ({}, ()),
     "fedprox": ({}, ("trainer.mu=0.5", "train.momentum=0.9")),
+    "fedcp": ({}, ()),
+    # SGD here: a bias before BatchNorm has a gradient of rounding noise only, which Adam would scale up to full steps
+    "fedcp-batchnorm-cpn-random-vector": ({}, ("trainer.cpn_norm=batchnorm", "trainer.client_vector_init=random",
+                                                "train.momentum=0.9")),
     "ditto-adam-epochs": ({}, ("train.optimizer=adam", "train.lr=0.01", "trainer.personal_epochs=2")),
 }
 
@@ -94,7 +98,7 @@ DIGITS_30 = {"rounds": 30, "partition": {"num_clients": 8}, "model": {"name": "m
 
 
 THIRTY = {"fedavg": (), "fedper": (), "fedbabu": (), "lgfedavg": (), "fedrep": ("trainer.head_epochs=2",),
-          "ditto": (), "fedprox": ("trainer.mu=0.1",)}
+          "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": ()}
 
 
 @pytest.mark.parametrize("algorithm", list(THIRTY))
@@ -210,7 +214,7 @@ def test_the_cuda_bound_comes_from_free_memory_and_the_key_wins():
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
     loss = lambda x, y: torch.nn.functional.cross_entropy(model(x), y)
-    form = BatchedForm({"model": model}, [BatchedPhase(loss, ["model.0.weight"], 1)], lambda losses, start: {})
+    form = BatchedForm({"model": model}, [BatchedPhase(loss, ["model.0.weight"], 1)], lambda losses, start, aux: {})
     need = B.per_client_bytes(form, torch.zeros(10, 64), torch.zeros(10, dtype=torch.long), slots=1)
     params = sum(p.numel() for p in model.parameters()) * 4
     assert need >= params * 4  # parameters, gradient, momentum, working copy at least
@@ -268,13 +272,24 @@ def test_dropout_is_found_by_the_probe(tmp_path):
 
 
 def test_on_with_a_trainer_that_cannot_batch_is_one_line(tmp_path):
-    assert_run_refused("fedcp", ["clients.batched=on"], "cannot be batched", tmp_path)
+    assert_run_refused("apfl", ["clients.batched=on"], "cannot be batched", tmp_path)
     assert_run_refused("fedavg", ["clients.batched=sometimes"], "clients.batched", tmp_path)
+
+
+def test_fedcp_runs_batched_from_the_command_line(tmp_path):
+    res = CliRunner().invoke(cli, ["run", "--plugin", "fedcp", "--no-progress", "--set", f"output_dir={tmp_path}",
+                                   "--set", "run_name=cp", "--set", "rounds=2", "--set", "partition.num_clients=4",
+                                   "--set", "clients.batched=on", "--set", "device=cpu"])
+    assert res.exit_code == 0, res.output
+    assert "batched (clients.batched=on)" in res.output
+    assert json.loads((tmp_path / "cp" / "summary.json").read_text())["clients_batched"]["path"] == "batched"
 
 
 def test_fl_show_says_which_path():
     out = CliRunner().invoke(cli, ["show", "fedavg"]).output
     assert "clients.batched: batched" in out
+    assert "clients.batched: batched (FedCPTrainer declares its phases)" in CliRunner().invoke(
+        cli, ["show", "fedcp"]).output
     assert "clients.batched: batched (FedRepTrainer declares its phases)" in CliRunner().invoke(
         cli, ["show", "fedrep"]).output
     out = CliRunner().invoke(cli, ["show", "apfl"]).output

@@ -21,25 +21,30 @@ from torch import nn
 @dataclass
 class BatchedPhase:
     """One phase: minimise ``loss(x, y)`` over the parameters named in ``trains`` (``"<module>.<parameter>"``, the
-    form's module names) for ``epochs`` epochs of mini-batches (``batch_size``: None = ``train.batch_size``), with a
-    fresh ``train.optimizer`` (``lr``: None = ``train.lr``), as ``make_optimizer`` + ``run_sgd`` would."""
+    form's module names) for ``epochs`` epochs of mini-batches (``batch_size``: None = ``train.batch_size``;
+    ``drop_last`` as ``ClientTrainer.batches``), with a fresh ``train.optimizer`` (``lr``: None = ``train.lr``), as
+    ``make_optimizer`` + ``run_sgd`` would. With ``aux`` the loss returns ``(loss, {name: scalar tensor})`` and each
+    client's values are summed over its steps (a metric the sequential loss accumulates on the trainer)."""
 
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    loss: Callable[[torch.Tensor, torch.Tensor], Any]
     trains: Sequence[str]
     epochs: int
     batch_size: Optional[int] = None
     lr: Optional[float] = None
+    drop_last: bool = False
+    aux: bool = False
 
 
 @dataclass
 class BatchedForm:
     """``modules``: name -> the trainer's module whose parameters and buffers each client holds; ``phases`` in order;
-    ``reply(losses, start)``: the fit reply from each phase's mean training loss, with the client's trained tensors
-    in the modules and ``start`` holding its tensors (``"<module>.<name>"``) as the update began."""
+    ``reply(losses, start, aux)``: the fit reply from each phase's mean training loss, with the client's trained
+    tensors in the modules, ``start`` holding its tensors (``"<module>.<name>"``) as the update began and ``aux`` the
+    sums of the ``aux`` phases' values (name -> float)."""
 
     modules: Dict[str, nn.Module]
     phases: List[BatchedPhase]
-    reply: Callable[[List[float], Dict[str, torch.Tensor]], Dict[str, Any]]
+    reply: Callable[[List[float], Dict[str, torch.Tensor], Dict[str, float]], Dict[str, Any]]
 
 
 def trained_names(module: nn.Module, prefix: str, under: Optional[str] = None) -> List[str]:

@@ -193,8 +193,12 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
         fit path (``on_fit``, ``receive``, ``upload``, ``local_update``, ``batches``) declares its own form in the same
         class (or returns None: its clients then run one after another)."""
         phase = BatchedPhase(self.loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs))
-        return BatchedForm({"model": self.model}, [phase], lambda losses, start: {
+        return BatchedForm({"model": self.model}, [phase], lambda losses, start, aux: {
             "params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1]})
+
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        """What ``on_fit`` does before its local update, for clients.batched (the payload carries ``params``)."""
+        self.receive(payload["params"])
 
     def state_dict(self) -> Dict[str, Any]:
         return {"model": self.model.state_dict()}

@@ -48,7 +48,7 @@ log = logging.getLogger("pflkit")
 
 MODES = ("auto", "on", "off")
 # the methods of a local update's fit path: a trainer that keeps LocalSGDTrainer's has a derivable functional form
-FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches")
+FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches", "batched_begin")
 SOLO_CLIENTS = 4  # on CPU a step of this many clients or fewer runs them one by one (cheaper than a vmap call)
 MEMORY_SHARE = 0.5  # the share of free device memory one stacked group may use (the rest: the data, the allocator)
 
@@ -67,9 +67,9 @@ def form_reason(trainer_cls: type) -> Optional[str]:
     ``shared_keys`` or its ``__init__``; a class that overrides a fit-path method must declare its own form in the same
     class or below, so a form is never applied to a local update it was not written for."""
     name = getattr(trainer_cls, "__name__", str(trainer_cls))
-    if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, LocalSGDTrainer)):
-        return f"{name} is not a LocalSGDTrainer and declares no batched form"
-    form_owner = _definer(trainer_cls, "batched_form")
+    form_owner = _definer(trainer_cls, "batched_form") if isinstance(trainer_cls, type) else None
+    if form_owner is None or _definer(trainer_cls, "batched_begin") is None:
+        return f"{name} declares no batched form (batched_form, batched_begin)"
     for method in FIT_PATH:
         owner = _definer(trainer_cls, method)
         if owner is not None and not issubclass(form_owner, owner):
@@ -200,17 +200,18 @@ class _Modules(nn.Module):
         return self.loss(x, y)
 
 
-def _vmapped_grad(holder: _Modules, loss: Callable) -> Callable:
+def _vmapped_grad(holder: _Modules, loss: Callable, aux: bool = False) -> Callable:
+    """(grads, loss) per stacked client; with ``aux``, (grads, (loss, aux dict))."""
     from torch.func import functional_call, grad_and_value, vmap
 
     def one(params, consts, x, y):
         holder.loss = loss
         return functional_call(holder, {**params, **consts}, (x, y))
 
-    return vmap(grad_and_value(one), randomness="error")
+    return vmap(grad_and_value(one, has_aux=aux), randomness="error")
 
 
-def _solo_grad(holder: _Modules, loss: Callable) -> Callable:
+def _solo_grad(holder: _Modules, loss: Callable, aux: bool = False) -> Callable:
     """The same gradients as ``_vmapped_grad`` for a few clients, one plain autograd pass each: a vmap call costs a
     fixed millisecond or so, more than a lone client's step of a small model."""
     from torch.func import functional_call
@@ -218,16 +219,22 @@ def _solo_grad(holder: _Modules, loss: Callable) -> Callable:
     def run(params, consts, xs, ys):
         names = list(params)
         grads = {n: [] for n in names}
-        losses = []
+        losses, extras = [], []
         holder.loss = loss
         for i in range(xs.shape[0]):
             p = {n: params[n][i].detach().requires_grad_() for n in names}
             value = functional_call(holder, {**p, **{n: t[i] for n, t in consts.items()}}, (xs[i], ys[i]))
+            if aux:
+                value, extra = value
+                extras.append(extra)
             got = torch.autograd.grad(value, [p[n] for n in names], allow_unused=True)
             for n, g in zip(names, got):
                 grads[n].append(torch.zeros_like(p[n]) if g is None else g)
             losses.append(value.detach())
-        return {n: torch.stack(g) for n, g in grads.items()}, torch.stack(losses)
+        stacked = {n: torch.stack(g) for n, g in grads.items()}
+        if aux:
+            return stacked, (torch.stack(losses), {k: torch.stack([e[k] for e in extras]) for k in extras[0]})
+        return stacked, torch.stack(losses)
 
     return run
 
@@ -267,7 +274,7 @@ def probe(trainer: LocalSGDTrainer) -> Optional[str]:
             if unknown:
                 return f"its batched form trains {sorted(unknown)[0]!r}, which none of its modules holds"
             two = {n: t.detach().unsqueeze(0).repeat(2, *[1] * t.dim()).clone() for n, t in tensors.items()}
-            _vmapped_grad(holder, phase.loss)({n: two[n] for n in trains},
+            _vmapped_grad(holder, phase.loss, phase.aux)({n: two[n] for n in trains},
                                               {n: t for n, t in two.items() if n not in trains},
                                               torch.stack([x, x]), torch.stack([y, y]))
     except Exception as exc:  # the loss cannot be vectorised: say why, run sequentially
@@ -294,7 +301,8 @@ class ClientPlan:
         return sum(len(f) for f in self.full) + sum(t is not None for t in self.last)
 
 
-def client_plan(trainer: Any, epochs: Optional[int] = None, batch_size: Optional[int] = None) -> ClientPlan:
+def client_plan(trainer: Any, epochs: Optional[int] = None, batch_size: Optional[int] = None,
+                drop_last: bool = False) -> ClientPlan:
     """Replay ``trainer.batches(epochs, batch_size)``'s draws (same generator, same order) as index lists, split per
     epoch."""
     cfg = trainer.ctx.train_cfg
@@ -302,7 +310,8 @@ def client_plan(trainer: Any, epochs: Optional[int] = None, batch_size: Optional
     b = int(batch_size or cfg.batch_size)
     epochs = int(epochs or cfg.local_epochs)
     idx = list(batch_indices(n, b, epochs, generator=trainer.ctx.generator,
-                             drop_last=bool(cfg.get("drop_last", False)), device=trainer.ctx.train.y.device))
+                             drop_last=drop_last or bool(cfg.get("drop_last", False)),
+                             device=trainer.ctx.train.y.device))
     per_epoch = len(idx) // epochs if epochs and idx else 0
     full, last = [], []
     for e in range(epochs if idx else 0):
@@ -397,11 +406,13 @@ class StackedOptimizer:
 
 
 def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torch.Tensor]],
-                  plans: List[List[ClientPlan]], data: List[Any]) -> Tuple[List[Dict[str, torch.Tensor]], List[List[float]]]:
+                  plans: List[List[ClientPlan]], data: List[Any]
+                  ) -> Tuple[List[Dict[str, torch.Tensor]], List[List[float]], List[Dict[str, float]]]:
     """Run the stacked clients' local updates, phase by phase. ``form``: any client's form (its losses and modules
     are used with each client's tensors substituted); ``states``: each client's ``form_tensors`` after receiving the
     round's message; ``plans``: per client, one ``ClientPlan`` per phase; ``data``: each client's ``TensorData``.
-    Returns each client's tensors after training and its mean training loss per phase (as ``run_sgd`` computes it)."""
+    Returns each client's tensors after training, its mean training loss per phase (as ``run_sgd`` computes it) and
+    the sums of its ``aux`` phases' values."""
     k = len(states)
     names = list(states[0])
     T = {n: torch.stack([s[n] for s in states]) for n in names}
@@ -410,24 +421,34 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
     for module in form.modules.values():
         module.train()
     losses: List[List[float]] = [[] for _ in range(k)]
+    aux_sums: Dict[str, torch.Tensor] = {}
     for ph, phase in enumerate(form.phases):
         trains = [n for n in names if n in set(phase.trains)]
         P = {n: T[n] for n in trains}
         C = {n: T[n] for n in names if n not in set(trains)}
         opt = StackedOptimizer(P, train_cfg, phase.lr)
-        grad_fns = (_vmapped_grad(holder, phase.loss), _solo_grad(holder, phase.loss))
+        grad_fns = (_vmapped_grad(holder, phase.loss, phase.aux), _solo_grad(holder, phase.loss, phase.aux))
         loss_sum = torch.zeros(k, device=device)
         phase_plans = [p[ph] for p in plans]
-        _run_phase(grad_fns, P, C, opt, loss_sum, phase_plans, data, k, device)
+        _run_phase(grad_fns, P, C, opt, loss_sum, phase_plans, data, k, device, aux_sums if phase.aux else None)
         steps = [p.steps for p in phase_plans]
         for i, total in enumerate(loss_sum.double().tolist()):
             losses[i].append(total / steps[i] if steps[i] else 0.0)
     out = [{n: T[n][i] for n in names} for i in range(k)]
-    return out, losses
+    aux = [{name: float(v) for name, v in zip(aux_sums, vals)} for vals in
+           zip(*[t.double().tolist() for t in aux_sums.values()])] if aux_sums else [{} for _ in range(k)]
+    return out, losses, aux
 
 
-def _run_phase(grad_fns, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: int, device) -> None:
+def _run_phase(grad_fns, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: int, device,
+               aux_sums: Optional[Dict[str, torch.Tensor]] = None) -> None:
     vmapped, solo = grad_fns
+
+    def add(store: torch.Tensor, rows: Optional[torch.Tensor], values: torch.Tensor) -> None:
+        if rows is None:
+            store.add_(values)
+        else:
+            store.index_add_(0, rows, values)
 
     def step(rows: Optional[torch.Tensor], xs: torch.Tensor, ys: torch.Tensor) -> None:
         count = k if rows is None else int(rows.numel())
@@ -440,10 +461,13 @@ def _run_phase(grad_fns, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: 
             for n, t in c_sub.items():
                 C[n].index_copy_(0, rows, t)
         opt.step(grads, rows)
-        if rows is None:
-            loss_sum.add_(loss.detach())
-        else:
-            loss_sum.index_add_(0, rows, loss.detach())
+        if aux_sums is not None:
+            loss, extra = loss
+            for name, v in extra.items():
+                if name not in aux_sums:
+                    aux_sums[name] = torch.zeros(k, dtype=torch.float64, device=device)
+                add(aux_sums[name], rows, v.detach().double())
+        add(loss_sum, rows, loss.detach())
 
     epochs = max((len(p.full) for p in plans), default=0)
     for e in range(epochs):
@@ -548,12 +572,13 @@ class BatchedRunner:
                 _seed_host(call.seed)  # as seed_everything, without its per-call CUDA bookkeeping (below)
                 trainer.ctx.round = call.round
                 trainer.ctx.generator.manual_seed(call.seed)
-                trainer.receive(call.message.payload["params"])
+                trainer.batched_begin(call.message.payload)
                 form = trainer.batched_form()
                 state = {n: t.detach().clone() for n, t in form_tensors(form).items()}
-                plans = [client_plan(trainer, ph.epochs, ph.batch_size) for ph in form.phases]
+                plans = [client_plan(trainer, ph.epochs, ph.batch_size, ph.drop_last) for ph in form.phases]
                 # clients stack only with clients whose phases are alike
-                shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr) for ph in form.phases)
+                shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr, ph.drop_last, ph.aux)
+                              for ph in form.phases)
                 prepared[cid] = (state, plans, trainer.ctx, shape)
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
@@ -593,7 +618,7 @@ class BatchedRunner:
                     train_cfg = trainer.ctx.train_cfg
                 finally:
                     backend.batched_release(group[0])
-                states, losses = train_stacked(form, train_cfg, [prepared[c][0] for c in group],
+                states, losses, aux = train_stacked(form, train_cfg, [prepared[c][0] for c in group],
                                                [prepared[c][1] for c in group],
                                                [prepared[c][2].train for c in group])
         except (KeyboardInterrupt, PflError):
@@ -607,7 +632,7 @@ class BatchedRunner:
             return
         self.groups_run += 1
         share = (time.perf_counter() - start) / len(group)
-        for cid, state, loss in zip(group, states, losses):
+        for cid, state, loss, extra in zip(group, states, losses, aux):
             t0 = time.perf_counter()
             try:
                 tr = backend.batched_bind(cid, False)
@@ -622,7 +647,7 @@ class BatchedRunner:
                 with torch.no_grad():
                     for n, t in form_tensors(form).items():
                         t.copy_(state[n])
-                result = CallResult(cid, reply=form.reply(loss, prepared[cid][0]))
+                result = CallResult(cid, reply=form.reply(loss, prepared[cid][0], extra))
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
