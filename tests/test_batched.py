@@ -36,6 +36,9 @@ SUPPORTED = {
     "ditto": ({}, ()),
     "fedprox": ({}, ("trainer.mu=0.5", "train.momentum=0.9")),
     "fedcp": ({}, ()),
+    "fedcac": ({}, ()),
+    "local": ({}, ()),
+    "fedsa": ({}, ()),
     # SGD here: a bias before BatchNorm has a gradient of rounding noise only, which Adam would scale up to full steps
     "fedcp-batchnorm-cpn-random-vector": ({}, ("trainer.cpn_norm=batchnorm", "trainer.client_vector_init=random",
                                                 "train.momentum=0.9")),
@@ -86,7 +89,10 @@ def test_one_round_batched_equals_sequential(tmp_path, name):
     assert not seq.batched_plan.batched and seq.backend.batched is None
     assert seq_replies.keys() == bat_replies.keys() == set(seq.client_ids)
     for cid in seq_replies:  # every client's upload and its kept state, to a relative 1e-4
-        _close(seq_replies[cid]["params"], bat_replies[cid]["params"], where=f"client {cid} upload")
+        _close(seq_replies[cid].get("params", {}), bat_replies[cid].get("params", {}), where=f"client {cid} upload")
+        _close({k: m.unpack() if hasattr(m, "unpack") else m for k, m in seq_replies[cid].get("mask", {}).items()},
+               {k: m.unpack() if hasattr(m, "unpack") else m for k, m in bat_replies[cid].get("mask", {}).items()},
+               where=f"client {cid} mask")
         _close(seq_states[cid], bat_states[cid], where=f"client {cid} state")
         assert seq_replies[cid]["num_samples"] == bat_replies[cid]["num_samples"]
         assert bat_replies[cid]["train_loss"] == pytest.approx(seq_replies[cid]["train_loss"], rel=1e-4)
@@ -98,7 +104,7 @@ DIGITS_30 = {"rounds": 30, "partition": {"num_clients": 8}, "model": {"name": "m
 
 
 THIRTY = {"fedavg": (), "fedper": (), "fedbabu": (), "lgfedavg": (), "fedrep": ("trainer.head_epochs=2",),
-          "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": ()}
+          "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": (), "fedcac": (), "local": (), "fedsa": ()}
 
 
 @pytest.mark.parametrize("algorithm", list(THIRTY))

@@ -197,8 +197,11 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
             "params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1]})
 
     def batched_begin(self, payload: Dict[str, Any]) -> None:
-        """What ``on_fit`` does before its local update, for clients.batched (the payload carries ``params``)."""
-        self.receive(payload["params"])
+        """What ``on_fit`` does before its local update, for clients.batched."""
+        if "params" in payload:
+            self.receive(payload["params"])
+        else:
+            self.require_shared()
 
     def state_dict(self) -> Dict[str, Any]:
         return {"model": self.model.state_dict()}

@@ -533,10 +533,9 @@ class BatchedRunner:
     _bound_known: bool = field(default=False, repr=False)
 
     def takes(self, calls: Dict[int, Any]) -> bool:
-        """Whether these calls run batched: every one a ``fit`` that brings the shared params, two or more."""
+        """Whether these calls run batched: two or more, every one a ``fit``."""
         return self.plan.batched and len(calls) > 1 and all(
-            c.message.kind == "fit" and isinstance(c.message.payload, dict) and "params" in c.message.payload
-            for c in calls.values())
+            c.message.kind == "fit" and isinstance(c.message.payload, dict) for c in calls.values())
 
     def bound(self, trainer: LocalSGDTrainer, form: BatchedForm) -> Optional[int]:
         if not self._bound_known:
