@@ -37,6 +37,7 @@ SUPPORTED = {
     "fedprox": ({}, ("trainer.mu=0.5", "train.momentum=0.9")),
     "fedcp": ({}, ()),
     "fedcac": ({}, ()),
+    "fedntd": ({}, ()),
     "local": ({}, ()),
     "fedsa": ({}, ()),
     # SGD here: a bias before BatchNorm has a gradient of rounding noise only, which Adam would scale up to full steps
@@ -104,7 +105,7 @@ DIGITS_30 = {"rounds": 30, "partition": {"num_clients": 8}, "model": {"name": "m
 
 
 THIRTY = {"fedavg": (), "fedper": (), "fedbabu": (), "lgfedavg": (), "fedrep": ("trainer.head_epochs=2",),
-          "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": (), "fedcac": (), "local": (), "fedsa": ()}
+          "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": (), "fedcac": (), "fedntd": (), "local": (), "fedsa": ()}
 
 
 @pytest.mark.parametrize("algorithm", list(THIRTY))

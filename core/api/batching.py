@@ -45,6 +45,7 @@ class BatchedForm:
     modules: Dict[str, nn.Module]
     phases: List[BatchedPhase]
     reply: Callable[[List[float], Dict[str, torch.Tensor], Dict[str, float]], Dict[str, Any]]
+    eval_modules: Sequence[str] = ()  # modules the local update runs in eval mode (the others train)
 
 
 def trained_names(module: nn.Module, prefix: str, under: Optional[str] = None) -> List[str]:

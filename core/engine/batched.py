@@ -265,8 +265,8 @@ def probe(trainer: LocalSGDTrainer) -> Optional[str]:
         saved = {n: t.detach().clone() for n, t in tensors.items()}
     holder = _Modules(form.modules)
     try:
-        for module in form.modules.values():
-            module.train()
+        for name, module in form.modules.items():
+            module.train(name not in form.eval_modules)
         x, y = data.batch(torch.arange(min(2, len(data)), device=data.y.device))
         for phase in form.phases:
             trains = set(phase.trains)
@@ -418,8 +418,8 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
     T = {n: torch.stack([s[n] for s in states]) for n in names}
     device = next(iter(T.values())).device
     holder = _Modules(form.modules)
-    for module in form.modules.values():
-        module.train()
+    for name, module in form.modules.items():
+        module.train(name not in form.eval_modules)
     losses: List[List[float]] = [[] for _ in range(k)]
     aux_sums: Dict[str, torch.Tensor] = {}
     for ph, phase in enumerate(form.phases):
