@@ -38,6 +38,8 @@ SUPPORTED = {
     "fedcp": ({}, ()),
     "fedcac": ({}, ()),
     "fedntd": ({}, ()),
+    "moon": ({}, ()),
+    "moon-frozen-train-bn": (BN_MODEL, ("trainer.frozen_mode=train",)),
     "local": ({}, ()),
     "fedsa": ({}, ()),
     # SGD here: a bias before BatchNorm has a gradient of rounding noise only, which Adam would scale up to full steps
@@ -105,7 +107,7 @@ DIGITS_30 = {"rounds": 30, "partition": {"num_clients": 8}, "model": {"name": "m
 
 
 THIRTY = {"fedavg": (), "fedper": (), "fedbabu": (), "lgfedavg": (), "fedrep": ("trainer.head_epochs=2",),
-          "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": (), "fedcac": (), "fedntd": (), "local": (), "fedsa": ()}
+          "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": (), "fedcac": (), "fedntd": (), "moon": (), "local": (), "fedsa": ()}
 
 
 @pytest.mark.parametrize("algorithm", list(THIRTY))
