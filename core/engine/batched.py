@@ -13,12 +13,15 @@ inactive client's parameters, buffers, momentum and Adam state are not touched a
 Clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as many as half the
 free device memory holds), to keep the idle slots few.
 
-Which trainers batch: a ``LocalSGDTrainer`` whose fit path (``on_fit``, ``receive``, ``upload``, ``local_update``,
-``batches``) is the base class's -- one that changes only ``loss`` / ``data_loss`` / ``shared_keys`` (or freezes
-parameters in ``__init__``) -- has its functional form derived here: the trainer's own ``loss`` is called with the
-stacked client's tensors substituted into its model (``functional_call``). The loss may read only what is the same
-for every client (hyperparameters, the task); a probe at start runs it under ``vmap`` with random operations
-refused, so dropout or a loss vmap cannot trace is a reason not to batch, said once, never a wrong number.
+Which trainers batch: those with a batched form (``batched_begin`` + ``batched_form``, core/api/batching.py) that
+covers their fit path. ``LocalSGDTrainer``'s form (one phase on the trainer's own ``loss``) covers every subclass that
+changes only ``loss`` / ``data_loss`` / ``shared_keys`` (or freezes parameters in ``__init__``); a class that
+overrides ``on_fit``, ``receive``, ``upload``, ``local_update``, ``batches`` or ``batched_begin`` declares its own
+form in that class (FedRep's two phases, Ditto's personal and global solves, ...). The loss may read only what is
+the same for every client (hyperparameters, the task); per-client constants live as buffers of a module in the
+form. A probe at start runs every phase's loss under ``vmap`` with random operations refused, so dropout or a loss
+vmap cannot trace is a reason not to batch, said once, never a wrong number.
+
 Everything around the training stays per client: receiving the server's message, uploading, vetting each reply,
 rollback, the state store. A batched group that raises or passes its time limit runs again one client at a time, so
 a failing client is isolated as in the sequential path; a client that diverges has NaN in its own slice only and is

@@ -91,7 +91,7 @@ class DittoTrainer(LocalSGDTrainer):
                                self.personal_epochs()),
                   BatchedPhase(self.loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs))]
 
-        def reply(losses, start):
+        def reply(losses, start, aux):
             with torch.no_grad():  # the distance to w^t, the global model as it arrived
                 v = dict(self.personal.named_parameters())
                 pairs = [(v[n], start[f"model.{n}"]) for n in v if n in self._shared_set]

@@ -77,7 +77,7 @@ class FedProxTrainer(LocalSGDTrainer):
         """The local update for clients.batched: FedAvg's, on the proximal loss, with w^t stacked per client."""
         phase = BatchedPhase(self.loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs))
 
-        def reply(losses, start):
+        def reply(losses, start, aux):
             return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1],
                     "metrics": {"distance_to_global": self.distance()}}
 

@@ -90,7 +90,7 @@ class FedRepTrainer(FedPerTrainer):
         phases = [BatchedPhase(self.loss, trained_names(self.model, "model", under="head"), int(hp.head_epochs)),
                   BatchedPhase(self.loss, trained_names(self.model, "model", under="features"), int(body_epochs))]
 
-        def reply(losses, start):
+        def reply(losses, start, aux):
             self.head_loss, self.body_loss = losses
             return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": self.body_loss,
                     "metrics": {"head_loss": self.head_loss, "body_loss": self.body_loss}}
