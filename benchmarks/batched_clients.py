@@ -16,6 +16,7 @@ when its files are present (``--data-root``; ``fl data install fmnist``). Run wi
     OMP_NUM_THREADS=1 python benchmarks/batched_clients.py                      # digits, CPU (or --device cuda)
     OMP_NUM_THREADS=1 python benchmarks/batched_clients.py --quick              # FedAvg, 20 clients only
     OMP_NUM_THREADS=1 python benchmarks/batched_clients.py --fmnist --data-root DIR
+    OMP_NUM_THREADS=1 python benchmarks/batched_clients.py --micro              # one vmap call vs one client step
 """
 from __future__ import annotations
 
@@ -84,6 +85,43 @@ def measure(algorithm: str, sets: List[str], rounds: int, out: Path, cuda: bool)
     return {"seq": s, "bat": b, "ratio": s / b, "mem": mem, "groups": groups}
 
 
+def micro(repeats: int = 200) -> None:
+    """One vmap(grad) call over K stacked 64-100-10 MLPs on a batch of 10 each, against one sequential SGD step."""
+    import torch
+    from torch import nn
+    from torch.func import functional_call, grad_and_value, vmap
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 100), nn.ReLU(), nn.Linear(100, 10))
+
+    def loss(p, x, y):
+        return nn.functional.cross_entropy(functional_call(model, p, (x,)), y)
+
+    step = vmap(grad_and_value(loss), randomness="error")
+
+    def timed(fn) -> float:
+        for _ in range(10):
+            fn()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - start) / repeats * 1e3
+
+    x1, y1 = torch.randn(10, 64), torch.randint(0, 10, (10,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def sequential_step():
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x1), y1).backward()
+        opt.step()
+
+    print(f"one sequential client step: {timed(sequential_step):.3f} ms")
+    for k in (1, 5, 20, 100):
+        params = {n: t.detach().unsqueeze(0).repeat(k, *[1] * t.dim()) for n, t in model.named_parameters()}
+        x, y = torch.randn(k, 10, 64), torch.randint(0, 10, (k, 10))
+        print(f"one vmap(grad) call, {k:3d} clients: {timed(lambda: step(params, x, y)):.3f} ms")
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     import torch
 
@@ -95,9 +133,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--fraction", type=float, default=0.05, help="split.fraction of the Fashion-MNIST rows")
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--algorithms", default="fedavg,fedrep,ditto,fedcp")
+    ap.add_argument("--micro", action="store_true", help="only the cost of one vmap call against one client step")
     ap.add_argument("--partition", default="dirichlet",
                     help="partition.name (dirichlet: the default, alpha 0.1, very unequal client sizes; iid: equal)")
     args = ap.parse_args(argv)
+    if args.micro:
+        micro()
+        return
     cuda = args.device.startswith("cuda")
     common = [f"device={args.device}", "train.batch_size=10", "train.local_epochs=1", f"partition.name={args.partition}"]
     settings = []
