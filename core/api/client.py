@@ -14,6 +14,7 @@ from easydict import EasyDict
 from torch import nn
 
 from .adaptation import AdaptationHooks, AdaptationSettings, evaluate_adapted
+from .batching import BatchedForm, BatchedPhase, trained_names
 from .params import Param, ParamSpec
 from .protocol import Message
 from .state import State, bn_keys, load_into, module_keys
@@ -185,6 +186,22 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
 
     def personal_forward(self):
         return self.model
+
+    def batched_form(self) -> Optional[BatchedForm]:
+        """The functional form of ``on_fit``'s local update (core/api/batching.py), for ``clients.batched``: one phase
+        of ``train.local_epochs`` epochs on ``self.loss`` over the trainable parameters. A trainer that overrides the
+        fit path (``on_fit``, ``receive``, ``upload``, ``local_update``, ``batches``) declares its own form in the same
+        class (or returns None: its clients then run one after another)."""
+        phase = BatchedPhase(self.loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs))
+        return BatchedForm({"model": self.model}, [phase], lambda losses, start, aux: {
+            "params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1]})
+
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        """What ``on_fit`` does before its local update, for clients.batched."""
+        if "params" in payload:
+            self.receive(payload["params"])
+        else:
+            self.require_shared()
 
     def state_dict(self) -> Dict[str, Any]:
         return {"model": self.model.state_dict()}

@@ -97,5 +97,15 @@ def proximal_term(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor
     """
     if not params:
         return torch.zeros(())
-    norms = torch._foreach_norm(torch._foreach_sub(list(params), list(anchors)))
+    params, anchors = list(params), list(anchors)
+    if any(_transformed(p) for p in params + anchors):  # inside vmap/grad (clients.batched): no foreach rule there
+        norms = [torch.linalg.vector_norm(p - a) for p, a in zip(params, anchors)]
+    else:
+        norms = torch._foreach_norm(torch._foreach_sub(params, anchors))
     return torch.stack(norms).square().sum()
+
+
+def _transformed(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a tensor seen inside a torch.func transform (vmap, grad)."""
+    check = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+    return bool(check(t)) if check is not None else False

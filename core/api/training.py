@@ -41,14 +41,22 @@ def minibatches(data: TensorData, batch_size: int, epochs: int = 1, shuffle: boo
                 generator: Optional[torch.Generator] = None, drop_last: bool = False
                 ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``epochs`` passes of mini-batches; one seeded permutation per epoch."""
-    n = len(data)
+    for idx in batch_indices(len(data), batch_size, epochs, shuffle, generator, drop_last, data.y.device):
+        yield data.batch(idx)
+
+
+def batch_indices(n: int, batch_size: int, epochs: int = 1, shuffle: bool = True,
+                  generator: Optional[torch.Generator] = None, drop_last: bool = False,
+                  device: Optional[torch.device] = None) -> Iterator[torch.Tensor]:
+    """The sample indices of ``minibatches``' batches, drawn from ``generator`` exactly as it draws them (the
+    batched execution of a round's clients replays each client's order from here)."""
     if n == 0:
         return
     for _ in range(epochs):
-        order = (torch.randperm(n, generator=generator) if shuffle else torch.arange(n)).to(data.y.device)
+        order = (torch.randperm(n, generator=generator) if shuffle else torch.arange(n)).to(device)
         stop = n - (n % batch_size) if drop_last and n >= batch_size else n
         for start in range(0, stop, batch_size):
-            yield data.batch(order[start:start + batch_size])
+            yield order[start:start + batch_size]
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], train_cfg, lr: Optional[float] = None

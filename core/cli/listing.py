@@ -118,6 +118,8 @@ def show_command(name: str) -> None:
             click.echo("\n".join(lines) if lines else "  (no options)")
             if section == "aggregator":
                 click.echo(aggregation_line(built))
+            else:
+                click.echo(batched_line(built))
         # bases whose run starts with these defaults (the run's own start checks, core/engine/dryrun.py)
         if compo.wrapped:
             runs, refused = dryrun.runnable_bases(name)
@@ -158,6 +160,15 @@ def show_command(name: str) -> None:
             return
     every = sorted({n for r in reg.ALL_REGISTRIES.values() for n in r.names()} | {"core"})
     raise reg.unknown_name_of_any_length("plugin or component", name, every)
+
+
+def batched_line(trainer: Any) -> str:
+    """Whether the trainer's clients can be trained as one vectorised model (clients.batched)."""
+    from ..engine.batched import trainer_batches
+
+    _, how = trainer_batches(trainer)
+    return (f"  clients.batched: {how}; with the default clients.batched=auto, batched on CUDA and one after "
+            f"another on CPU" if how.startswith("batched") else f"  clients.batched: {how}")
 
 
 def aggregation_line(aggregator: Any) -> str:

@@ -142,6 +142,8 @@ class DistributedBackend(ExecutionBackend):
         if contexts:  # tensors from other ranks go where this rank's clients compute (its own GPU, say)
             self.device = torch.device(next(iter(contexts.values())).device)
         self.inner = self._make_inner()
+        if self.batched is not None:  # clients.batched: each rank batches its own clients
+            self.inner.use_batched(self.batched)
         self.inner.limit_calls(self.client_timeout, self.run_dir)  # each rank times its own clients' calls
         self.inner.start(build_trainer, self.owned, opts)  # builds this rank's trainers only
 

@@ -78,6 +78,12 @@ class ExecutionBackend(ABC):
 
     client_timeout: Optional[float] = None  # failures.client_timeout: seconds one client call may take
     run_dir: Optional[Path] = None  # named when a hung call stops the process
+    batched: Any = None  # a BatchedRunner (core/engine/batched.py): clients.batched chose the batched path
+
+    def use_batched(self, runner: Any) -> None:
+        """Called before ``start``: run a round's ``fit`` calls with ``runner`` (clients.batched); a backend that
+        cannot batch runs them one at a time, as before."""
+        self.batched = runner
 
     def limit_calls(self, seconds: Optional[float], run_dir: Optional[Path] = None) -> None:
         """Called before ``start``: each client call that runs longer than ``seconds`` fails (None: no limit)."""
@@ -201,6 +207,9 @@ class SerialBackend(ExecutionBackend):
         self._snapshots = {}
         if self.pool is not None:  # the store keeps each replaced state (under its budget) for a rollback
             self.pool.store.track_previous(snapshot)
+        if self.batched is not None and self.batched.takes(calls):  # clients.batched: fit calls as one stack
+            yield from self.batched.run(self, calls, snapshot)
+            return
         for cid in sorted(calls):
             yield self._run_one(cid, calls[cid], snapshot)
 
@@ -246,6 +255,30 @@ class SerialBackend(ExecutionBackend):
                 result = CallResult(cid, error=f"swapping its state out: {type(exc).__name__}: {exc}",
                                     detail=traceback.format_exc(), seconds=result.seconds)
         return result
+
+    # the batched runner's access to a client's trainer (core/engine/batched.py)
+    def batched_bind(self, cid: int, snapshot: bool) -> Any:
+        """``cid``'s trainer, ready for a call (pooled: its declared state swapped in; live: snapshotted first when
+        asked); raises what ``load_client_state`` raises."""
+        if self.pool is not None:
+            return self.pool.bind(cid)
+        trainer = self.trainers[cid]
+        if snapshot:
+            self._snapshots[cid] = clone_nested(trainer.state_dict())
+        return trainer
+
+    def batched_release(self, cid: int) -> Optional[CallResult]:
+        """Store ``cid``'s state after a batched step; a failed result when its trainer cannot give it."""
+        if self.pool is None:
+            return None
+        try:
+            self.pool.release(cid)
+        except (PflError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            return CallResult(cid, error=f"swapping its state out: {type(exc).__name__}: {exc}",
+                              detail=traceback.format_exc())
+        return None
 
     def keep(self, cid: int) -> None:
         if self.pool is not None:

@@ -103,6 +103,12 @@ CORE_SCHEMA: Dict[str, Any] = {
     "clients": {
         "state_memory": Param(None, "host memory for declared client states, e.g. 512MiB, 1GiB or bytes (default: "
                                     "no limit); the rest spills to <run>/client_state", check=_size),
+        "batched": Param("auto", "train a round's clients as one vectorised model (docs/batched-clients.md): auto = on "
+                                 "CUDA for trainers with a batched form, one after another on CPU (CPU numbers stay "
+                                 "as published); on = always (a trainer that cannot batch is an error); off = never",
+                         choices=("auto", "on", "off")),
+        "stack": Param(None, "most clients stacked in one batched group (default: all on CPU; on CUDA as many as "
+                             "half the free device memory holds)", type=int, check=positive),
     },
     "server": {
         "state_memory": Param(None, "host memory for the server's per-client stores (e.g. FedAMP's uploaded models), "
@@ -444,7 +450,7 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
 RESUME_SAFE_KEYS = ("rounds", "eval.every", "eval.final_k", "checkpoint.every", "failures.on_client_error",
                     "failures.client_timeout",
                     "threads", "checkpoint.final", "clients.state_memory", "distributed.backend",
-                    "server.state_memory")
+                    "server.state_memory", "clients.stack")
 # Where a run lives is not part of what it computes: a run directory may be moved or renamed.
 LOCATION_KEYS = ("output_dir", "run_name")
 # Keys added after checkpoints existed: at these values they compute what the configuration computed before the
@@ -454,7 +460,7 @@ NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed":
                                     "eval.adapt_lr": None, "eval.adapt_params": "all",
                                     "failures.client_timeout": None, "aggregator.weighting": "samples",
                                     "model.projection_dim": 0, "server.state_memory": None,
-                                    "split.fraction": 1.0}
+                                    "split.fraction": 1.0, "clients.batched": "auto"}
 
 
 def without_neutral_defaults(plain: Dict[str, Any]) -> Dict[str, Any]:

@@ -356,6 +356,9 @@ class RoundLoop:
         fresh = self.completed_round == 0 and not self.setup_done
         event = "start" if not earlier else ("restart" if fresh else "resume")
         entry = runinfo.collect(self.cfg, self.device, effective_threads(self.cfg), event, self.completed_round)
+        plan = getattr(self, "batched_plan", None)
+        if plan is not None:  # which path the clients' local updates take, and why (clients.batched)
+            entry["clients_batched"] = plan.as_dict()
         runinfo.append(self.run_dir, entry)
         reporter.note(f"{event} at round {self.completed_round} of {self.cfg.rounds}: {self.cfg.algorithm} on "
                       f"{self.cfg.dataset.name}, {entry['threads']} torch thread(s), device {entry['device']}, "

@@ -30,6 +30,7 @@ from ..data.data import FederatedData, build_federated_data
 from ..common.errors import CheckpointError, ConfigError, PflError
 from .evaluation import History
 from .assign import sgd_steps_per_epoch
+from .batched import BatchedPlan, BatchedRunner, plan_from_config
 from .silent import SilentRunLogger
 from ..storage.monitor import RunLogger
 from .privacy import PrivacyGuard
@@ -246,6 +247,7 @@ class Simulation(RoundLoop):
         limit_calls = getattr(self.backend, "limit_calls", None)  # an ExecutionBackend's; a duck-typed one has none
         if callable(limit_calls):
             limit_calls(cfg.failures.get("client_timeout"), self.run_dir)
+        self.batched_plan = self._batched_plan(cfg)
         self.backend.start(TrainerFactory(self.trainer_cls, self.contexts, pooled), self.client_ids, state_opts)
 
         self.logger = (RunLogger if self.is_writer else SilentRunLogger)(
@@ -292,6 +294,21 @@ class Simulation(RoundLoop):
             self._restore(_resume_state)
         else:
             self.logger.log_text("config", "```\n" + json.dumps(to_plain(cfg), indent=2) + "\n```")
+
+    def _batched_plan(self, cfg: EasyDict) -> BatchedPlan:
+        """clients.batched: which path the fit calls take (core/engine/batched.py); the backend gets the runner."""
+        first = min(self.contexts) if self.contexts else None
+        plan = plan_from_config(cfg, self.trainer_cls, self.device,
+                                lambda: self.trainer_cls(self.contexts[first]))
+        if plan.batched:
+            if not callable(getattr(self.backend, "use_batched", None)):
+                if plan.mode == "on":
+                    raise ConfigError(f"clients.batched=on: the execution backend {type(self.backend).__name__} "
+                                      f"cannot batch clients; use clients.batched=auto or off")
+                return BatchedPlan(plan.mode, False, f"the execution backend {type(self.backend).__name__} cannot "
+                                                     f"batch clients", plan.stack)
+            self.backend.use_batched(BatchedRunner(plan, self.device))
+        return plan
 
     # -- resume ------------------------------------------------------------------------------------------------
     @classmethod
@@ -386,6 +403,7 @@ class Simulation(RoundLoop):
             "bytes_up_total": self.totals["bytes_up"],
             "bytes_down_total": self.totals["bytes_down"],
             "client_failures": self.totals["failures"],
+            "clients_batched": self.batched_plan.as_dict(),
             "checkpoint_bytes": self._checkpoint_bytes(),
         }
 

@@ -46,6 +46,8 @@ def format_summary(result: Dict[str, Any]) -> str:
         ("communication up / down", f"{result['bytes_up_total'] / 2**20:.1f} MiB / "
                                     f"{result['bytes_down_total'] / 2**20:.1f} MiB"),
         ("client failures", str(result["client_failures"])),
+        *([("clients trained", f"{result['clients_batched']['path']} ({result['clients_batched']['reason']})")]
+          if isinstance(result.get("clients_batched"), dict) else []),
         ("checkpoint", "none written" if result.get("checkpoint_bytes") is None
          else f"{result['checkpoint_bytes'] / 2**20:.2f} MiB"),
     ]

@@ -18,12 +18,12 @@ the personal model v_k. v_k starts from w^0 (Algorithm 1's initialisation) and l
 The reference implementation interleaves the two updates batch by batch on the same mini-batches; the paper's
 Algorithm 1 does the personal steps and the global steps as separate solves, which is what this trainer does.
 """
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import torch
 
-from pflkit.core import (Algorithm, LocalSGDTrainer, Param, host_copy, load_into, make_optimizer, non_negative,
-                         positive, proximal_term, run_sgd)
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, Param, host_copy, load_into,
+                         make_optimizer, non_negative, positive, proximal_term, run_sgd, trained_names)
 
 __all__ = ["DittoTrainer", "ALGORITHM"]
 
@@ -47,28 +47,31 @@ class DittoTrainer(LocalSGDTrainer):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.personal = ctx.build_model()  # v_k^0 = w^0 (every build returns the same initial weights)
-        shared = set(self.shared)
+        self._shared_set = set(self.shared)  # the parameters of the proximal term (matched by name)
+
+    def _pairs(self):
+        """(v, w) of the proximal term, matched by name and looked up in the modules at each call, so the batched
+        path's substituted tensors are the ones used (the lists built in __init__ name the same tensors)."""
         global_params = dict(self.model.named_parameters())
-        # (v, w) parameter pairs of the proximal term, matched by name
-        pairs = [(p, global_params[n]) for n, p in self.personal.named_parameters() if n in shared]
-        self._personal_params: List[torch.nn.Parameter] = [v for v, _ in pairs]
-        self._global_params: List[torch.nn.Parameter] = [w for _, w in pairs]
+        pairs = [(p, global_params[n]) for n, p in self.personal.named_parameters() if n in self._shared_set]
+        return [v for v, _ in pairs], [w.detach() for _, w in pairs]
+
+    def personal_objective(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Eq. 2, h_k(v; w^t), while self.model holds w^t (the global model is trained only after this update)."""
+        v, anchors = self._pairs()
+        return self.data_loss(self.personal, x, y) + 0.5 * self.ctx.hp.lam * proximal_term(v, anchors)
+
+    def personal_epochs(self) -> int:
+        hp = self.ctx.hp
+        return int(hp.personal_epochs if hp.get("personal_epochs") is not None else self.ctx.train_cfg.local_epochs)
 
     def personal_update(self) -> Dict[str, float]:
         """Algorithm 1's personal solver: SGD on F_k(v) + lambda/2 ||v - w^t||^2 with w^t = the received model."""
-        hp, cfg = self.ctx.hp, self.ctx.train_cfg
-        # views of w^t: valid because the global model is trained only after this update
-        anchors = [p.detach() for p in self._global_params]
-
-        def objective(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # Eq. 2, h_k(v; w^t)
-            return (self.data_loss(self.personal, x, y)
-                    + 0.5 * hp.lam * proximal_term(self._personal_params, anchors))
-
-        epochs = hp.personal_epochs if hp.get("personal_epochs") is not None else cfg.local_epochs
         self.personal.train()
-        loss = run_sgd(self.batches(epochs=epochs), objective, make_optimizer(self.personal.parameters(), cfg))
+        loss = run_sgd(self.batches(epochs=self.personal_epochs()), self.personal_objective,
+                       make_optimizer(self.personal.parameters(), self.ctx.train_cfg))
         with torch.no_grad():
-            distance = float(proximal_term(self._personal_params, anchors).sqrt())
+            distance = float(proximal_term(*self._pairs()).sqrt())
         return {"personal_loss": loss, "personal_to_global": distance}
 
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
@@ -80,6 +83,23 @@ class DittoTrainer(LocalSGDTrainer):
         loss = self.local_update()  # FedAvg's local solver on the global model
         return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": loss,
                 "metrics": personal}
+
+    def batched_form(self) -> BatchedForm:
+        """on_fit's two solves for clients.batched: the personal model (the global one constant: w^t), then FedAvg's
+        local update of the global model."""
+        phases = [BatchedPhase(self.personal_objective, trained_names(self.personal, "personal"),
+                               self.personal_epochs()),
+                  BatchedPhase(self.loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs))]
+
+        def reply(losses, start, aux):
+            with torch.no_grad():  # the distance to w^t, the global model as it arrived
+                v = dict(self.personal.named_parameters())
+                pairs = [(v[n], start[f"model.{n}"]) for n in v if n in self._shared_set]
+                distance = float(proximal_term([a for a, _ in pairs], [b for _, b in pairs]).sqrt())
+            return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[1],
+                    "metrics": {"personal_loss": losses[0], "personal_to_global": distance}}
+
+        return BatchedForm({"model": self.model, "personal": self.personal}, phases, reply)
 
     def personal_forward(self):
         return self.personal

@@ -7,7 +7,8 @@ from typing import Any, Dict, List
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import BitMask, LocalSGDTrainer, Param, PflError, bn_keys, load_into, unit_interval
+from pflkit.core import (BatchedForm, BatchedPhase, BitMask, LocalSGDTrainer, Param, PflError, bn_keys, load_into,
+                         trained_names, unit_interval)
 
 from .equations import SELECTIONS, critical_masks, sensitivity
 
@@ -53,6 +54,11 @@ class FedCACTrainer(LocalSGDTrainer):
         params = dict(self.model.named_parameters())
         start = {k: params[k].detach().clone() for k in self.shared}  # theta^{t,0}
         loss = self.local_update()  # E epochs of the core's run_sgd
+        return self._reply(start, loss)
+
+    def _reply(self, start: Dict[str, Any], loss: float) -> Dict[str, Any]:
+        """The fit reply once the local update is done: the critical masks from theta^{t,0} -> theta^{t,E}."""
+        params = dict(self.model.named_parameters())
         end = {k: params[k].detach() for k in self.shared}  # theta^{t,E}
         masks = critical_masks(sensitivity(start, end), self.ctx.hp.tau, self.ctx.hp.selection,
                                generator=self.ctx.generator)
@@ -65,6 +71,19 @@ class FedCACTrainer(LocalSGDTrainer):
             "train_loss": loss,
             "metrics": {"critical_fraction": critical / max(total, 1)},
         }
+
+    # clients.batched: the base local update, batched; the sensitivity stays per client (after training)
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        pass  # a fit brings nothing: the model holds w_i^t since the last 'update'
+
+    def batched_form(self) -> BatchedForm:
+        phase = BatchedPhase(self.loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs))
+        names = set(dict(self.model.named_parameters()))
+
+        def reply(losses, start, aux):
+            return self._reply({k: start[f"model.{k}"] for k in self.shared if k in names}, losses[-1])
+
+        return BatchedForm({"model": self.model}, [phase], reply)
 
     def on_update(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         """Adopt the server-composed ``w_i^{t+1}`` (Eq. 11) for the shared parameters; buffers stay as they are."""

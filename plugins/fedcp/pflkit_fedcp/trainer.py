@@ -6,8 +6,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from pflkit.core import (BN_PARAM, ClientContext, ClientTrainer, ConfigError, Param, State, derive_seed, host_copy,
-                         load_into, make_optimizer, non_negative, positive, run_sgd)
+from pflkit.core import (BN_PARAM, BatchedForm, BatchedPhase, ClientContext, ClientTrainer, ConfigError, Param, State,
+                         derive_seed, host_copy, load_into, make_optimizer, non_negative, positive, run_sgd,
+                         trained_names)
 
 from .modules import (ACTIVATIONS, CPN_PREFIX, NORMS, POLICIES, build_cpn, check_options, client_vector,
                       cpn_input, mmd_rbf, shared_model_keys)
@@ -77,11 +78,20 @@ class FedCPTrainer(ClientTrainer):
         self.global_model.requires_grad_(False)
         self.cpn = build_cpn(self.feature_dim, hp, ctx.seed).to(ctx.device)  # Theta_i
         self.shared = shared_model_keys(self.model, hp)
-        self.v: Optional[torch.Tensor] = None  # client-specific vector, constant within a round
+        self.vector = _Vector()  # holds v_i: a module, so clients.batched stacks each client's v_i with its model
+        self.v = None  # client-specific vector, constant within a round
         self.random_input = self._random_input()  # w.o. cs & ss: frozen random CPN input (else None)
         self.fits_done = 0
         self._share_sum: Optional[torch.Tensor] = None
         self._share_count = 0
+
+    @property
+    def v(self) -> Optional[torch.Tensor]:
+        return self.vector.v
+
+    @v.setter
+    def v(self, value: Optional[torch.Tensor]) -> None:
+        self.vector.v = value
 
     # protocol ------------------------------------------------------------------------------------------------
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
@@ -153,8 +163,8 @@ class FedCPTrainer(ClientTrainer):
         out = self.global_model.head(r * h) + self.model.head(s * h)  # out_i^r + out_i^s (Sec. 3.2.2)
         return out, h, s
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """F_i = CE(g(r.h; W^hd) + g(s.h; W_i^hd), y) + lambda * MMD(h_i, f(x; W^fe))  (Eq. 5, 7, 8)."""
+    def objective(self, x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """F_i = CE(g(r.h; W^hd) + g(s.h; W_i^hd), y) + lambda * MMD(h_i, f(x; W^fe))  (Eq. 5, 7, 8), and s_i."""
         hp = self.ctx.hp
         out, h, s = self.forward(x, training=True)
         loss = self.ctx.task.loss(out, y)  # Eq. (5)
@@ -162,11 +172,20 @@ class FedCPTrainer(ClientTrainer):
             with torch.no_grad():  # W^fe is frozen: data only flows forward through it (Fig. 2a)
                 h_global = self.global_model.features(x)
             loss = loss + hp.lambda_mmd * mmd_rbf(h, h_global, hp.mmd_bandwidths)  # Eq. (7)-(8)
-        if hp.use_cpn:
+        return loss, s
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss, s = self.objective(x, y)
+        if self.ctx.hp.use_cpn:
             share = s.detach().mean(dim=1).sum()
             self._share_sum = share if self._share_sum is None else self._share_sum + share
             self._share_count += int(s.shape[0])
         return loss
+
+    def _batched_loss(self, x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """``loss`` for clients.batched: the personal share's sums come back as values, not trainer state."""
+        loss, s = self.objective(x, y)
+        return loss, {"share_sum": s.detach().mean(dim=1).sum(), "share_count": torch.tensor(float(s.shape[0]))}
 
     def local_update(self) -> Tuple[float, Optional[float]]:
         """One call of the core loop over W_i^fe, W_i^hd and Theta_i together (lines 11-14)."""
@@ -184,6 +203,30 @@ class FedCPTrainer(ClientTrainer):
         if self._share_sum is not None and self._share_count:
             share = float(self._share_sum.item()) / self._share_count
         return loss, share
+
+    # clients.batched (core/api/batching.py): on_fit's local update as one phase over W_i^fe, W_i^hd and Theta_i
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        self.receive(payload["params"])  # Algorithm 1, lines 7-9
+        self.v = self.make_client_vector()  # line 10
+
+    def batched_form(self) -> Optional[BatchedForm]:
+        if self.random_input is not None:  # the w.o. cs & ss ablation's CPN input is a per-client attribute
+            return None
+        drop_last = self.ctx.hp.cpn_norm == "batchnorm" and self.ctx.hp.use_cpn
+        trains = trained_names(self.model, "model") + trained_names(self.cpn, "cpn")
+        phase = BatchedPhase(self._batched_loss, trains, int(self.ctx.train_cfg.local_epochs), drop_last=drop_last,
+                             aux=True)
+
+        def reply(losses, start, aux):
+            self.fits_done += 1
+            out: Dict[str, Any] = {"params": self.upload(), "num_samples": self.ctx.num_train,
+                                   "train_loss": losses[0]}
+            if self.ctx.hp.use_cpn and aux.get("share_count"):
+                out["metrics"] = {"personal_share": aux["share_sum"] / aux["share_count"]}
+            return out
+
+        return BatchedForm({"model": self.model, "global_model": self.global_model, "cpn": self.cpn,
+                            "vector": self.vector}, [phase], reply)
 
     def upload(self) -> State:
         """{W_i^fe, hat W_i^hd, Theta_i} (line 16) with hat W_i^hd = (W^hd + W_i^hd) / 2 (Eq. 6)."""
@@ -241,3 +284,11 @@ class FedCPTrainer(ClientTrainer):
         self.v = None if state["v"] is None else state["v"].to(self.ctx.device)
         self.random_input = self._random_input()  # a function of (seed, client): the stored copy is not needed
         self.fits_done = int(state.get("fits_done", 0))
+
+
+class _Vector(nn.Module):
+    """The client-specific vector v_i as a buffer (None until made)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("v", None)

@@ -12,7 +12,8 @@ from typing import Any, Dict
 
 import torch
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param, load_into, non_negative, positive
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ConfigError, LocalSGDTrainer, Param, load_into,
+                         non_negative, positive, trained_names)
 
 from .equations import not_true_logits, ntd_loss
 
@@ -49,14 +50,39 @@ class FedNTDTrainer(LocalSGDTrainer):
         self._steps = 0
         return super().local_update()
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def objective(self, x: torch.Tensor, y: torch.Tensor):
+        """CE + beta * L_NTD, and L_NTD."""
         logits = self.model(x)
         with torch.no_grad():
             global_logits = self.global_model(x)
         distill = ntd_loss(logits, global_logits, y, self.ctx.hp.tau)
+        return self.ctx.task.loss(logits, y) + self.ctx.hp.beta * distill, distill
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss, distill = self.objective(x, y)
         self._ntd_sum = self._ntd_sum + distill.detach()
         self._steps += 1
-        return self.ctx.task.loss(logits, y) + self.ctx.hp.beta * distill
+        return loss
+
+    # clients.batched: FedAvg's local update with the frozen copy stacked per client; L_NTD's mean as aux sums
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        super().batched_begin(payload)
+        load_into(self.global_model, self.model.state_dict())
+
+    def batched_form(self) -> BatchedForm:
+        def batched_loss(x, y):
+            loss, distill = self.objective(x, y)
+            return loss, {"ntd": distill.detach(), "steps": torch.ones((), device=distill.device)}
+
+        phase = BatchedPhase(batched_loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs),
+                             aux=True)
+
+        def reply(losses, start, aux):
+            return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1],
+                    "metrics": {"ntd_loss": aux.get("ntd", 0.0) / max(1.0, aux.get("steps", 0.0))}}
+
+        return BatchedForm({"model": self.model, "global_model": self.global_model}, [phase], reply,
+                           eval_modules=("global_model",))
 
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         reply = super().on_fit(payload)

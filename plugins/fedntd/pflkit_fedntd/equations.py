@@ -22,9 +22,11 @@ import torch.nn.functional as F
 def not_true_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The (B, C-1) logits of every class but the sample's true one, in class order."""
     batch, classes = logits.shape
-    keep = torch.ones_like(logits, dtype=torch.bool)
-    keep[torch.arange(batch, device=logits.device), targets.reshape(-1).long()] = False
-    return logits[keep].reshape(batch, classes - 1)
+    # column j of the result is class j below the true class t and class j + 1 from t on: a gather, not a boolean
+    # mask, so the shape is static (clients.batched runs this under vmap)
+    cols = torch.arange(classes - 1, device=logits.device).unsqueeze(0).expand(batch, -1)
+    true = targets.reshape(-1, 1).long()
+    return logits.gather(1, cols + (cols >= true).long())
 
 
 def ntd_loss(logits: torch.Tensor, global_logits: torch.Tensor, targets: torch.Tensor, tau: float) -> torch.Tensor:

@@ -15,8 +15,10 @@ configured ``train.local_epochs``.
 from typing import Any, Dict, List
 
 import torch
+from torch import nn
 
-from pflkit.core import Algorithm, LocalSGDTrainer, Param, non_negative, proximal_term
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, Param, non_negative, proximal_term,
+                         trained_names)
 
 __all__ = ["FedProxTrainer", "ALGORITHM", "proximal_term"]
 
@@ -36,27 +38,63 @@ class FedProxTrainer(LocalSGDTrainer):
     def __init__(self, ctx):
         super().__init__(ctx)
         shared = set(self.shared)
-        # the parameters the proximal term acts on, and a detached copy of their received (global) values
-        self._prox_params: List[torch.nn.Parameter] = [p for n, p in self.model.named_parameters() if n in shared]
-        self._anchor: List[torch.Tensor] = [p.detach().clone() for p in self._prox_params]
+        # the parameters the proximal term acts on (by name), and their received (global) values w^t as buffers of a
+        # module: clients.batched stacks each client's w^t with its model
+        self._prox_names: List[str] = [n for n, _ in self.model.named_parameters() if n in shared]
+        self.anchor = _Anchor([p for n, p in self.model.named_parameters() if n in shared])
+
+    @property
+    def _prox_params(self) -> List[torch.Tensor]:
+        named = dict(self.model.named_parameters())  # looked up at each call (the batched path substitutes them)
+        return [named[n] for n in self._prox_names]
+
+    @property
+    def _anchor(self) -> List[torch.Tensor]:
+        return self.anchor.tensors()
 
     def receive(self, params) -> None:
         super().receive(params)
-        # w^t: the copy must not alias the parameters, which local training is about to change
-        self._anchor = [p.detach().clone() for p in self._prox_params]
+        # w^t: a copy, not an alias of the parameters, which local training is about to change
+        with torch.no_grad():
+            for a, p in zip(self._anchor, self._prox_params):
+                a.copy_(p)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # Eq. 2: h_k(w; w^t) = F_k(w) + mu/2 ||w - w^t||^2
         task_loss = self.ctx.task.loss(self.model(x), y)
         return task_loss + 0.5 * self.ctx.hp.mu * proximal_term(self._prox_params, self._anchor)
 
+    def distance(self) -> float:
+        with torch.no_grad():
+            return float(proximal_term(self._prox_params, self._anchor).sqrt())
+
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         reply = super().on_fit(payload)
-        with torch.no_grad():
-            distance = proximal_term(self._prox_params, self._anchor).sqrt()
-        reply["metrics"] = {"distance_to_global": float(distance)}
+        reply["metrics"] = {"distance_to_global": self.distance()}
         return reply
 
+    def batched_form(self) -> BatchedForm:
+        """The local update for clients.batched: FedAvg's, on the proximal loss, with w^t stacked per client."""
+        phase = BatchedPhase(self.loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs))
+
+        def reply(losses, start, aux):
+            return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1],
+                    "metrics": {"distance_to_global": self.distance()}}
+
+        return BatchedForm({"model": self.model, "anchor": self.anchor}, [phase], reply)
+
+
+class _Anchor(nn.Module):
+    """w^t as buffers, one per parameter of the proximal term."""
+
+    def __init__(self, params: List[torch.Tensor]) -> None:
+        super().__init__()
+        self.count = len(params)
+        for i, p in enumerate(params):
+            self.register_buffer(f"w{i}", p.detach().clone())
+
+    def tensors(self) -> List[torch.Tensor]:
+        return [getattr(self, f"w{i}") for i in range(self.count)]
 
 ALGORITHM = Algorithm(
     trainer="fedprox", aggregator="fedavg",

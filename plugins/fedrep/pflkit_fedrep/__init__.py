@@ -21,7 +21,8 @@ from typing import Iterable, Iterator
 
 import torch
 
-from pflkit.core import Algorithm, ConfigError, Param, make_optimizer, positive, run_sgd
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ConfigError, Param, make_optimizer, positive, run_sgd,
+                         trained_names)
 from pflkit_fedper import FedPerTrainer
 
 __all__ = ["FedRepTrainer", "ALGORITHM", "frozen"]
@@ -80,6 +81,21 @@ class FedRepTrainer(FedPerTrainer):
         reply = super().on_fit(payload)
         reply["metrics"] = {"head_loss": self.head_loss, "body_loss": self.body_loss}
         return reply
+
+    def batched_form(self) -> BatchedForm:
+        """local_update's two phases for clients.batched: the head with the body constant, then the body with the
+        new head constant (BatchNorm statistics update in both, as above)."""
+        hp, cfg = self.ctx.hp, self.ctx.train_cfg
+        body_epochs = hp.body_epochs if hp.get("body_epochs") is not None else cfg.local_epochs
+        phases = [BatchedPhase(self.loss, trained_names(self.model, "model", under="head"), int(hp.head_epochs)),
+                  BatchedPhase(self.loss, trained_names(self.model, "model", under="features"), int(body_epochs))]
+
+        def reply(losses, start, aux):
+            self.head_loss, self.body_loss = losses
+            return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": self.body_loss,
+                    "metrics": {"head_loss": self.head_loss, "body_loss": self.body_loss}}
+
+        return BatchedForm({"model": self.model}, phases, reply)
 
 
 ALGORITHM = Algorithm(

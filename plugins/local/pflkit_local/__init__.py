@@ -4,7 +4,7 @@ The lower reference point of every pFL table ("Local" / "Local-only").
 """
 from typing import Any, Dict
 
-from pflkit.core import Algorithm, LocalSGDTrainer, ServerAggregator
+from pflkit.core import Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, ServerAggregator, trained_names
 
 
 class LocalTrainer(LocalSGDTrainer):
@@ -20,6 +20,14 @@ class LocalTrainer(LocalSGDTrainer):
 
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         return {"num_samples": self.ctx.num_train, "train_loss": self.local_update()}
+
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        pass  # nothing arrives: each client trains its own model
+
+    def batched_form(self) -> BatchedForm:
+        phase = BatchedPhase(self.loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs))
+        return BatchedForm({"model": self.model}, [phase],
+                           lambda losses, start, aux: {"num_samples": self.ctx.num_train, "train_loss": losses[-1]})
 
 
 class NoAggregator(ServerAggregator):

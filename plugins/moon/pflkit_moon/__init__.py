@@ -19,7 +19,8 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param, host_copy, load_into, non_negative, positive
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ConfigError, LocalSGDTrainer, Param, host_copy,
+                         load_into, non_negative, positive, trained_names)
 
 from .equations import model_contrastive_loss
 
@@ -70,14 +71,41 @@ class MOONTrainer(LocalSGDTrainer):
         load_into(self.previous, self.model.features.state_dict())  # w_i^t: the negative of the next round
         return loss
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def objective(self, x: torch.Tensor, y: torch.Tensor):
+        """l_sup + mu * l_con, and l_con."""
         z = self.model.features(x)
         with torch.no_grad():
             z_glob, z_prev = self.global_features(x), self.previous(x)
         con = model_contrastive_loss(z, z_glob, z_prev, self.ctx.hp.tau)
+        return self.ctx.task.loss(self.model.head(z), y) + self.ctx.hp.mu * con, con  # l_sup + mu * l_con
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss, con = self.objective(x, y)
         self._con_sum = self._con_sum + con.detach()
         self._steps += 1
-        return self.ctx.task.loss(self.model.head(z), y) + self.ctx.hp.mu * con  # l_sup + mu * l_con
+        return loss
+
+    # clients.batched: FedAvg's local update with R_{w^t} and R_{w_i^{t-1}} stacked per client
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        super().batched_begin(payload)
+        load_into(self.global_features, self.model.features.state_dict())  # the received w^t, frozen
+
+    def batched_form(self) -> BatchedForm:
+        def batched_loss(x, y):
+            loss, con = self.objective(x, y)
+            return loss, {"con": con.detach(), "steps": torch.ones((), device=con.device)}
+
+        phase = BatchedPhase(batched_loss, trained_names(self.model, "model"), int(self.ctx.train_cfg.local_epochs),
+                             aux=True)
+
+        def reply(losses, start, aux):
+            load_into(self.previous, self.model.features.state_dict())  # w_i^t: the negative of the next round
+            return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1],
+                    "metrics": {"contrastive_loss": aux.get("con", 0.0) / max(1.0, aux.get("steps", 0.0))}}
+
+        frozen = () if self.ctx.hp.frozen_mode == "train" else ("global_features", "previous")
+        return BatchedForm({"model": self.model, "global_features": self.global_features,
+                            "previous": self.previous}, [phase], reply, eval_modules=frozen)
 
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         reply = super().on_fit(payload)

@@ -1,0 +1,54 @@
+"""A trainer's declared functional form of its local update, which lets the core train a round's clients as one
+vectorised model (``clients.batched``, core/engine/batched.py).
+
+The form names the trainer's modules whose tensors each client holds, and the phases of its local update: each
+phase minimises one loss over some of those parameters for some epochs of the client's own mini-batches, drawn
+from its generator in phase order, as ``ClientTrainer.batches`` draws them. The loss is the trainer's own code; the
+core calls it with one stacked client's tensors substituted into the modules (``torch.func.functional_call``), so it
+must reach parameters through the modules (``self.model(x)``, ``self.model.named_parameters()``), never through
+lists of parameter objects kept aside, and may read only what is the same for every client (hyperparameters, the
+task). ``reply`` builds the fit reply on the client's own trainer once its trained tensors are back in its modules.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+
+@dataclass
+class BatchedPhase:
+    """One phase: minimise ``loss(x, y)`` over the parameters named in ``trains`` (``"<module>.<parameter>"``, the
+    form's module names) for ``epochs`` epochs of mini-batches (``batch_size``: None = ``train.batch_size``;
+    ``drop_last`` as ``ClientTrainer.batches``), with a fresh ``train.optimizer`` (``lr``: None = ``train.lr``), as
+    ``make_optimizer`` + ``run_sgd`` would. With ``aux`` the loss returns ``(loss, {name: scalar tensor})`` and each
+    client's values are summed over its steps (a metric the sequential loss accumulates on the trainer)."""
+
+    loss: Callable[[torch.Tensor, torch.Tensor], Any]
+    trains: Sequence[str]
+    epochs: int
+    batch_size: Optional[int] = None
+    lr: Optional[float] = None
+    drop_last: bool = False
+    aux: bool = False
+
+
+@dataclass
+class BatchedForm:
+    """``modules``: name -> the trainer's module whose parameters and buffers each client holds; ``phases`` in order;
+    ``reply(losses, start, aux)``: the fit reply from each phase's mean training loss, with the client's trained
+    tensors in the modules, ``start`` holding its tensors (``"<module>.<name>"``) as the update began and ``aux`` the
+    sums of the ``aux`` phases' values (name -> float)."""
+
+    modules: Dict[str, nn.Module]
+    phases: List[BatchedPhase]
+    reply: Callable[[List[float], Dict[str, torch.Tensor], Dict[str, float]], Dict[str, Any]]
+    eval_modules: Sequence[str] = ()  # modules the local update runs in eval mode (the others train)
+
+
+def trained_names(module: nn.Module, prefix: str, under: Optional[str] = None) -> List[str]:
+    """``prefix.name`` of each parameter of ``module`` that requires grad (only those under sub-module ``under``)."""
+    return [f"{prefix}.{n}" for n, p in module.named_parameters()
+            if p.requires_grad and (under is None or n.startswith(under + "."))]

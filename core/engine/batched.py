@@ -1,0 +1,670 @@
+"""Batched execution of a round's clients (``clients.batched``): K clients' local updates as one vectorised model.
+
+Each client's parameters and buffers are stacked along a leading client dimension; one ``torch.func.vmap`` of
+``grad(functional_call(...))`` computes every stacked client's gradient on its own mini-batch in one call, and one
+elementwise optimizer (SGD with momentum and weight decay, or Adam, with per-client step counts and a per-client
+``train.max_grad_norm``) updates them all, which equals one optimizer per client. Each client's mini-batch order is
+replayed from its own seeded generator exactly as the sequential path draws it (``training.batch_indices``).
+
+Ragged clients: within an epoch every client's full batches come first and its last, smaller batch (if any) last;
+the stack runs the epoch's full-batch steps together and then the last batches, one call per distinct size. A
+client with fewer steps sits the remaining steps out: the step runs on the sub-stack of active clients only, so an
+inactive client's parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step).
+Clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as many as half the
+free device memory holds), to keep the idle slots few.
+
+Which trainers batch: those with a batched form (``batched_begin`` + ``batched_form``, core/api/batching.py) that
+covers their fit path. ``LocalSGDTrainer``'s form (one phase on the trainer's own ``loss``) covers every subclass that
+changes only ``loss`` / ``data_loss`` / ``shared_keys`` (or freezes parameters in ``__init__``); a class that
+overrides ``on_fit``, ``receive``, ``upload``, ``local_update``, ``batches`` or ``batched_begin`` declares its own
+form in that class (FedRep's two phases, Ditto's personal and global solves, ...). The loss may read only what is
+the same for every client (hyperparameters, the task); per-client constants live as buffers of a module in the
+form. A probe at start runs every phase's loss under ``vmap`` with random operations refused, so dropout or a loss
+vmap cannot trace is a reason not to batch, said once, never a wrong number.
+
+Everything around the training stays per client: receiving the server's message, uploading, vetting each reply,
+rollback, the state store. A batched group that raises or passes its time limit runs again one client at a time, so
+a failing client is isolated as in the sequential path; a client that diverges has NaN in its own slice only and is
+rejected alone by the reply vetting.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..api.batching import BatchedForm
+from ..api.client import LocalSGDTrainer
+from ..api.training import batch_indices
+from ..common.calltimer import ClientTimedOut, deadline
+from ..common.errors import ConfigError, PflError
+from ..common.seeding import seed_everything
+
+log = logging.getLogger("pflkit")
+
+MODES = ("auto", "on", "off")
+# the methods of a local update's fit path: a trainer that keeps LocalSGDTrainer's has a derivable functional form
+FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches", "batched_begin")
+SOLO_CLIENTS = 4  # on CPU a step of this many clients or fewer runs them one by one (cheaper than a vmap call)
+MEMORY_SHARE = 0.5  # the share of free device memory one stacked group may use (the rest: the data, the allocator)
+
+
+# -- which trainers batch -------------------------------------------------------------------------------------------
+def _definer(cls: type, name: str) -> Optional[type]:
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return klass
+    return None
+
+
+def form_reason(trainer_cls: type) -> Optional[str]:
+    """None when ``trainer_cls`` has a batched form (``batched_form``, core/api/batching.py) that covers its fit path;
+    else why not (one phrase). LocalSGDTrainer's form covers a subclass that changes only ``loss``, ``data_loss``,
+    ``shared_keys`` or its ``__init__``; a class that overrides a fit-path method must declare its own form in the same
+    class or below, so a form is never applied to a local update it was not written for."""
+    name = getattr(trainer_cls, "__name__", str(trainer_cls))
+    form_owner = _definer(trainer_cls, "batched_form") if isinstance(trainer_cls, type) else None
+    if form_owner is None or _definer(trainer_cls, "batched_begin") is None:
+        return f"{name} declares no batched form (batched_form, batched_begin)"
+    for method in FIT_PATH:
+        owner = _definer(trainer_cls, method)
+        if owner is not None and not issubclass(form_owner, owner):
+            return (f"{owner.__name__} overrides {method}() and declares no batched_form() for it (a LocalSGDTrainer "
+                    f"that changes only loss, data_loss or shared_keys batches with no code of its own)")
+    return None
+
+
+def trainer_batches(trainer_cls: type) -> Tuple[bool, str]:
+    """What ``fl show`` says: whether ``trainer_cls`` batches, and the phrase saying how or why not."""
+    reason = form_reason(trainer_cls)
+    if reason is None:
+        owner = _definer(trainer_cls, "batched_form")
+        how = "the core derives its vectorised local update" if owner is LocalSGDTrainer else \
+            f"{owner.__name__} declares its phases"
+        return True, f"batched ({how})"
+    return False, f"sequential ({reason})"
+
+
+# -- the plan a run follows -----------------------------------------------------------------------------------------
+@dataclass
+class BatchedPlan:
+    """Which path a run's fit calls take, and why (run_info.json, the summary)."""
+
+    mode: str  # clients.batched
+    batched: bool
+    reason: str
+    stack: Optional[int] = None  # clients.stack (None: all of a round's clients on CPU, from free memory on CUDA)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"mode": self.mode, "path": "batched" if self.batched else "sequential", "reason": self.reason,
+                "stack": self.stack}
+
+
+def decide(mode: str, trainer_cls: type, trainer_name: str, device: torch.device,
+           probe: Callable[[], Optional[str]], stack: Optional[int] = None) -> BatchedPlan:
+    """The path for ``mode`` (auto/on/off). ``probe()`` tries the vectorised loss once (None: it works); ``on`` with a
+    trainer that cannot batch is a ConfigError naming why."""
+    if mode == "off":
+        return BatchedPlan(mode, False, "clients.batched=off", stack)
+    reason = form_reason(trainer_cls)
+    if mode == "auto" and device.type != "cuda":
+        why = "auto runs clients one after another on CPU, so CPU numbers stay as published"
+        return BatchedPlan(mode, False, why + ("; clients.batched=on batches them" if reason is None else
+                                               f"; this trainer cannot batch anyway: {reason}"), stack)
+    if reason is None:
+        reason = probe()
+    if reason is not None:
+        if mode == "on":
+            raise ConfigError(f"clients.batched=on: trainer '{trainer_name}' cannot be batched: {reason}; "
+                              f"use clients.batched=auto or off")
+        return BatchedPlan(mode, False, reason, stack)
+    return BatchedPlan(mode, True, "clients.batched=on" if mode == "on" else
+                       f"auto: {device.type} device and a trainer with a batched form", stack)
+
+
+# -- memory bound ---------------------------------------------------------------------------------------------------
+def free_device_memory(device: torch.device) -> Optional[int]:
+    """Free bytes on ``device`` (None off CUDA). Module level, so tests can stand in for a GPU."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def per_client_bytes(form: BatchedForm, x: torch.Tensor, y: torch.Tensor, slots: int) -> int:
+    """Bytes one stacked client needs: its tensors, a gradient, ``slots`` optimizer states and a working copy of its
+    parameters, and the activations of every phase's loss on one batch ``x, y`` (measured with forward hooks, twice
+    for the backward)."""
+    params = sum(p.numel() * p.element_size() for m in form.modules.values() for p in m.parameters())
+    buffers = sum(b.numel() * b.element_size() for m in form.modules.values() for b in m.buffers())
+    acts = [0]
+
+    def hook(_m, _i, out):
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                acts[0] += t.numel() * t.element_size()
+
+    handles = [sub.register_forward_hook(hook) for m in form.modules.values() for sub in m.modules()]
+    saved = {n: t.detach().clone() for n, t in form_tensors(form).items()}  # BatchNorm statistics stay as they were
+    most = 0
+    try:
+        with torch.no_grad():
+            for phase in form.phases:
+                acts[0] = 0
+                phase.loss(x, y)
+                most = max(most, acts[0])
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for n, t in form_tensors(form).items():
+                t.copy_(saved[n])
+    return params * (3 + slots) + 2 * buffers + 2 * most + x.numel() * x.element_size()
+
+
+def stack_bound(stack: Optional[int], device: torch.device, need: Callable[[], int],
+                free: Callable[[torch.device], Optional[int]] = None) -> Optional[int]:
+    """How many clients one group stacks: ``clients.stack`` when set; on CUDA the clients that fit in half the
+    free memory (``need()``: bytes per client); elsewhere no bound (None)."""
+    if stack is not None:
+        return int(stack)
+    free_bytes = (free or free_device_memory)(device)
+    if free_bytes is None:
+        return None
+    return max(1, int(free_bytes * MEMORY_SHARE) // max(1, int(need())))
+
+
+def group_by_steps(steps: Dict[int, int], bound: Optional[int]) -> List[List[int]]:
+    """Clients sorted by step count (then id), cut into groups of at most ``bound``: a group's clients have similar
+    step counts, so few of its slots are idle."""
+    order = sorted(steps, key=lambda c: (steps[c], c))
+    size = len(order) if not bound else max(1, int(bound))
+    return [sorted(order[i:i + size]) for i in range(0, len(order), size)]
+
+
+# -- the functional local update ------------------------------------------------------------------------------------
+class _Modules(nn.Module):
+    """The form's modules under their names: ``functional_call`` on it substitutes a stacked client's tensors into
+    the trainer's own modules for the duration of one call of a phase's loss."""
+
+    def __init__(self, modules: Dict[str, nn.Module]) -> None:
+        super().__init__()
+        for name, module in modules.items():
+            self.add_module(name, module)
+        self.loss: Optional[Callable] = None
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.loss(x, y)
+
+
+def _vmapped_grad(holder: _Modules, loss: Callable, aux: bool = False) -> Callable:
+    """(grads, loss) per stacked client; with ``aux``, (grads, (loss, aux dict))."""
+    from torch.func import functional_call, grad_and_value, vmap
+
+    def one(params, consts, x, y):
+        holder.loss = loss
+        return functional_call(holder, {**params, **consts}, (x, y))
+
+    return vmap(grad_and_value(one, has_aux=aux), randomness="error")
+
+
+def _solo_grad(holder: _Modules, loss: Callable, aux: bool = False) -> Callable:
+    """The same gradients as ``_vmapped_grad`` for a few clients, one plain autograd pass each: a vmap call costs a
+    fixed millisecond or so, more than a lone client's step of a small model."""
+    from torch.func import functional_call
+
+    def run(params, consts, xs, ys):
+        names = list(params)
+        grads = {n: [] for n in names}
+        losses, extras = [], []
+        holder.loss = loss
+        for i in range(xs.shape[0]):
+            p = {n: params[n][i].detach().requires_grad_() for n in names}
+            value = functional_call(holder, {**p, **{n: t[i] for n, t in consts.items()}}, (xs[i], ys[i]))
+            if aux:
+                value, extra = value
+                extras.append(extra)
+            got = torch.autograd.grad(value, [p[n] for n in names], allow_unused=True)
+            for n, g in zip(names, got):
+                grads[n].append(torch.zeros_like(p[n]) if g is None else g)
+            losses.append(value.detach())
+        stacked = {n: torch.stack(g) for n, g in grads.items()}
+        if aux:
+            return stacked, (torch.stack(losses), {k: torch.stack([e[k] for e in extras]) for k in extras[0]})
+        return stacked, torch.stack(losses)
+
+    return run
+
+
+def form_tensors(form: BatchedForm) -> Dict[str, torch.Tensor]:
+    """Every parameter and buffer of the form's modules, by ``module.name``."""
+    out: Dict[str, torch.Tensor] = {}
+    for m, module in form.modules.items():
+        out.update({f"{m}.{n}": t for n, t in module.named_parameters()})
+        out.update({f"{m}.{n}": t for n, t in module.named_buffers()})
+    return out
+
+
+def probe(trainer: LocalSGDTrainer) -> Optional[str]:
+    """Run each phase's loss vectorised over two copies of the trainer's tensors on two samples of its client's data;
+    None when that works, else why not (random operations such as dropout, code vmap cannot trace)."""
+    data = trainer.ctx.train
+    try:
+        form = trainer.batched_form()
+    except Exception as exc:
+        return f"its batched_form() raised {type(exc).__name__}: {exc}"
+    if form is None:
+        return f"{type(trainer).__name__}.batched_form() returns None"
+    if len(data) == 0:
+        return None
+    tensors = form_tensors(form)
+    with torch.no_grad():
+        saved = {n: t.detach().clone() for n, t in tensors.items()}
+    holder = _Modules(form.modules)
+    try:
+        for name, module in form.modules.items():
+            module.train(name not in form.eval_modules)
+        x, y = data.batch(torch.arange(min(2, len(data)), device=data.y.device))
+        for phase in form.phases:
+            trains = set(phase.trains)
+            unknown = trains - set(tensors)
+            if unknown:
+                return f"its batched form trains {sorted(unknown)[0]!r}, which none of its modules holds"
+            two = {n: t.detach().unsqueeze(0).repeat(2, *[1] * t.dim()).clone() for n, t in tensors.items()}
+            _vmapped_grad(holder, phase.loss, phase.aux)({n: two[n] for n in trains},
+                                              {n: t for n, t in two.items() if n not in trains},
+                                              torch.stack([x, x]), torch.stack([y, y]))
+    except Exception as exc:  # the loss cannot be vectorised: say why, run sequentially
+        msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        if "random" in msg.lower():
+            return "its training draws random numbers (dropout or similar), which the batched path does not replay"
+        return f"its loss cannot be vectorised ({type(exc).__name__}: {msg})"
+    finally:
+        with torch.no_grad():
+            for n, t in tensors.items():
+                t.copy_(saved[n])
+    return None
+
+
+@dataclass
+class ClientPlan:
+    """One stacked client's phase: its mini-batch indices (full batches, then the last smaller one) per epoch."""
+
+    full: List[List[torch.Tensor]]  # per epoch, the full batches' indices
+    last: List[Optional[torch.Tensor]]  # per epoch, the smaller last batch (None: none)
+
+    @property
+    def steps(self) -> int:
+        return sum(len(f) for f in self.full) + sum(t is not None for t in self.last)
+
+
+def client_plan(trainer: Any, epochs: Optional[int] = None, batch_size: Optional[int] = None,
+                drop_last: bool = False) -> ClientPlan:
+    """Replay ``trainer.batches(epochs, batch_size)``'s draws (same generator, same order) as index lists, split per
+    epoch."""
+    cfg = trainer.ctx.train_cfg
+    n = len(trainer.ctx.train)
+    b = int(batch_size or cfg.batch_size)
+    epochs = int(epochs or cfg.local_epochs)
+    idx = list(batch_indices(n, b, epochs, generator=trainer.ctx.generator,
+                             drop_last=drop_last or bool(cfg.get("drop_last", False)),
+                             device=trainer.ctx.train.y.device))
+    per_epoch = len(idx) // epochs if epochs and idx else 0
+    full, last = [], []
+    for e in range(epochs if idx else 0):
+        chunk = idx[e * per_epoch:(e + 1) * per_epoch]
+        small = chunk[-1] if chunk and (len(chunk[-1]) != b) else None
+        full.append(chunk[:-1] if small is not None else chunk)
+        last.append(small)
+    return ClientPlan(full, last)
+
+
+class StackedOptimizer:
+    """``train.optimizer`` over stacked tensors: elementwise, so it equals one optimizer per client. Steps act on a
+    subset of clients (``rows``); the others' parameters and state are left as they are."""
+
+    def __init__(self, params: Dict[str, torch.Tensor], train_cfg: Any, lr: Optional[float] = None) -> None:
+        self.kind = train_cfg.optimizer
+        self.lr = float(train_cfg.lr if lr is None else lr)
+        self.momentum = float(train_cfg.get("momentum", 0.0) or 0.0)
+        self.wd = float(train_cfg.get("weight_decay", 0.0) or 0.0)
+        limit = train_cfg.get("max_grad_norm")
+        self.max_norm = float(limit) if limit else None
+        self.params = params
+        k = next(iter(params.values())).shape[0] if params else 0
+        device = next(iter(params.values())).device if params else torch.device("cpu")
+        self.steps = torch.zeros(k, dtype=torch.float64, device=device)  # per client (Adam's bias correction)
+        self.m = {n: torch.zeros_like(p) for n, p in params.items()} if (self.kind == "adam" or self.momentum) else {}
+        self.v = {n: torch.zeros_like(p) for n, p in params.items()} if self.kind == "adam" else {}
+
+    def clip(self, grads: Dict[str, torch.Tensor]) -> None:
+        """torch.nn.utils.clip_grad_norm_ per client: scale its gradients to total 2-norm ``max_norm``."""
+        if not self.max_norm or not grads:
+            return
+        norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()], dim=1)  # [K, tensors]
+        total = norms.norm(dim=1)
+        coef = torch.clamp(self.max_norm / (total + 1e-6), max=1.0)
+        for g in grads.values():
+            g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
+
+    def step(self, grads: Dict[str, torch.Tensor], rows: Optional[torch.Tensor]) -> None:
+        """One step for the clients in ``rows`` (None: all); ``grads`` hold those clients' gradients only."""
+        self.clip(grads)
+        if rows is None:
+            self.steps += 1
+            steps = self.steps
+        else:
+            steps = self.steps[rows] + 1
+            self.steps.index_copy_(0, rows, steps)
+        with torch.no_grad():
+            if self.kind == "adam":
+                self._adam(grads, rows, steps)
+            else:
+                self._sgd(grads, rows)
+
+    def _get(self, store: Dict[str, torch.Tensor], n: str, rows) -> torch.Tensor:
+        return store[n] if rows is None else store[n][rows]
+
+    def _put(self, store: Dict[str, torch.Tensor], n: str, rows, value: torch.Tensor) -> None:
+        if rows is None:
+            if value is not store[n]:
+                store[n].copy_(value)
+        else:
+            store[n].index_copy_(0, rows, value)
+
+    def _sgd(self, grads, rows) -> None:
+        for n, g in grads.items():
+            p = self._get(self.params, n, rows)
+            if self.wd:
+                g = g.add(p, alpha=self.wd)
+            if self.momentum:
+                buf = self._get(self.m, n, rows).mul_(self.momentum).add_(g)
+                self._put(self.m, n, rows, buf)
+                g = buf
+            self._put(self.params, n, rows, p.add_(g, alpha=-self.lr))
+
+    def _adam(self, grads, rows, steps, betas=(0.9, 0.999), eps=1e-8) -> None:
+        b1, b2 = betas
+        bc1 = 1 - b1 ** steps
+        bc2_sqrt = (1 - b2 ** steps).sqrt()
+        for n, g in grads.items():
+            p = self._get(self.params, n, rows)
+            if self.wd:
+                g = g.add(p, alpha=self.wd)
+            m = self._get(self.m, n, rows).lerp_(g, 1 - b1)
+            v = self._get(self.v, n, rows).mul_(b2).addcmul_(g, g, value=1 - b2)
+            shape = (-1,) + (1,) * (p.dim() - 1)
+            step_size = (self.lr / bc1).to(p.dtype).view(shape)
+            denom = (v.sqrt() / bc2_sqrt.to(p.dtype).view(shape)).add_(eps)
+            p.addcdiv_(m * step_size, denom, value=-1.0)
+            self._put(self.m, n, rows, m)
+            self._put(self.v, n, rows, v)
+            self._put(self.params, n, rows, p)
+
+
+def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torch.Tensor]],
+                  plans: List[List[ClientPlan]], data: List[Any]
+                  ) -> Tuple[List[Dict[str, torch.Tensor]], List[List[float]], List[Dict[str, float]]]:
+    """Run the stacked clients' local updates, phase by phase. ``form``: any client's form (its losses and modules
+    are used with each client's tensors substituted); ``states``: each client's ``form_tensors`` after receiving the
+    round's message; ``plans``: per client, one ``ClientPlan`` per phase; ``data``: each client's ``TensorData``.
+    Returns each client's tensors after training, its mean training loss per phase (as ``run_sgd`` computes it) and
+    the sums of its ``aux`` phases' values."""
+    k = len(states)
+    names = list(states[0])
+    T = {n: torch.stack([s[n] for s in states]) for n in names}
+    device = next(iter(T.values())).device
+    holder = _Modules(form.modules)
+    for name, module in form.modules.items():
+        module.train(name not in form.eval_modules)
+    losses: List[List[float]] = [[] for _ in range(k)]
+    aux_sums: Dict[str, torch.Tensor] = {}
+    for ph, phase in enumerate(form.phases):
+        trains = [n for n in names if n in set(phase.trains)]
+        P = {n: T[n] for n in trains}
+        C = {n: T[n] for n in names if n not in set(trains)}
+        opt = StackedOptimizer(P, train_cfg, phase.lr)
+        grad_fns = (_vmapped_grad(holder, phase.loss, phase.aux), _solo_grad(holder, phase.loss, phase.aux))
+        loss_sum = torch.zeros(k, device=device)
+        phase_plans = [p[ph] for p in plans]
+        _run_phase(grad_fns, P, C, opt, loss_sum, phase_plans, data, k, device, aux_sums if phase.aux else None)
+        steps = [p.steps for p in phase_plans]
+        for i, total in enumerate(loss_sum.double().tolist()):
+            losses[i].append(total / steps[i] if steps[i] else 0.0)
+    out = [{n: T[n][i] for n in names} for i in range(k)]
+    aux = [{name: float(v) for name, v in zip(aux_sums, vals)} for vals in
+           zip(*[t.double().tolist() for t in aux_sums.values()])] if aux_sums else [{} for _ in range(k)]
+    return out, losses, aux
+
+
+def _run_phase(grad_fns, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: int, device,
+               aux_sums: Optional[Dict[str, torch.Tensor]] = None) -> None:
+    vmapped, solo = grad_fns
+
+    def add(store: torch.Tensor, rows: Optional[torch.Tensor], values: torch.Tensor) -> None:
+        if rows is None:
+            store.add_(values)
+        else:
+            store.index_add_(0, rows, values)
+
+    def step(rows: Optional[torch.Tensor], xs: torch.Tensor, ys: torch.Tensor) -> None:
+        count = k if rows is None else int(rows.numel())
+        grad_fn = solo if count <= SOLO_CLIENTS and device.type == "cpu" else vmapped
+        if rows is None:
+            grads, loss = grad_fn(P, C, xs, ys)  # BatchNorm statistics update C in place
+        else:
+            c_sub = {n: t[rows] for n, t in C.items()}
+            grads, loss = grad_fn({n: t[rows] for n, t in P.items()}, c_sub, xs, ys)
+            for n, t in c_sub.items():
+                C[n].index_copy_(0, rows, t)
+        opt.step(grads, rows)
+        if aux_sums is not None:
+            loss, extra = loss
+            for name, v in extra.items():
+                if name not in aux_sums:
+                    aux_sums[name] = torch.zeros(k, dtype=torch.float64, device=device)
+                add(aux_sums[name], rows, v.detach().double())
+        add(loss_sum, rows, loss.detach())
+
+    epochs = max((len(p.full) for p in plans), default=0)
+    for e in range(epochs):
+        # full batches: per client one gather of this epoch's samples, then a view per step
+        counts = [len(p.full[e]) if e < len(p.full) else 0 for p in plans]
+        width = max(counts, default=0)
+        if width:
+            present = [i for i in range(k) if counts[i]]
+            xs_all, ys_all = [], []
+            for i in present:
+                x, y = data[i].batch(torch.cat(plans[i].full[e]))
+                x = x.view(counts[i], -1, *x.shape[1:])
+                y = y.view(counts[i], -1, *y.shape[1:])
+                if counts[i] < width:  # idle slots: never computed (the step runs on the active rows only)
+                    x = torch.cat([x, x[:1].expand(width - counts[i], *x.shape[1:])])
+                    y = torch.cat([y, y[:1].expand(width - counts[i], *y.shape[1:])])
+                xs_all.append(x)
+                ys_all.append(y)
+            X = torch.stack(xs_all)  # [clients with batches, width, batch, ...]
+            Y = torch.stack(ys_all)
+            del xs_all, ys_all
+            for t in range(width):
+                active = [j for j, i in enumerate(present) if counts[i] > t]
+                if len(active) == k:
+                    step(None, X[:, t], Y[:, t])
+                else:
+                    sel = torch.tensor(active, device=X.device)
+                    rows = torch.tensor([present[j] for j in active], device=device)
+                    step(rows, X[sel, t], Y[sel, t])
+            del X, Y
+        # last (smaller) batches: one step per distinct size
+        sizes: Dict[int, List[int]] = {}
+        for i, p in enumerate(plans):
+            if e < len(p.last) and p.last[e] is not None:
+                sizes.setdefault(len(p.last[e]), []).append(i)
+        for size in sorted(sizes):
+            members = sizes[size]
+            batches = [data[i].batch(plans[i].last[e]) for i in members]
+            xs = torch.stack([b[0] for b in batches])
+            ys = torch.stack([b[1] for b in batches])
+            step(None if len(members) == k else torch.tensor(members, device=device), xs, ys)
+
+
+def _seed_host(seed: int) -> None:
+    """``seed_everything(seed)`` for code that runs before a batched group: python, numpy and torch's CPU generator
+    (CUDA generators are seeded through seed_everything once per round)."""
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.default_generator.manual_seed(seed)
+
+
+# -- the backend's side ---------------------------------------------------------------------------------------------
+@dataclass
+class BatchedRunner:
+    """Runs a round's ``fit`` calls batched inside a serial backend (each rank's, in a distributed run)."""
+
+    plan: BatchedPlan
+    device: torch.device
+    free: Optional[Callable[[torch.device], Optional[int]]] = None  # free device memory (tests stand in for a GPU)
+    groups_run: int = 0  # batched groups trained so far (tests and the benchmark read these)
+    fallbacks: int = 0  # groups that raised or timed out and ran again client by client
+    _bound: Optional[int] = field(default=None, repr=False)
+    _bound_known: bool = field(default=False, repr=False)
+
+    def takes(self, calls: Dict[int, Any]) -> bool:
+        """Whether these calls run batched: two or more, every one a ``fit``."""
+        return self.plan.batched and len(calls) > 1 and all(
+            c.message.kind == "fit" and isinstance(c.message.payload, dict) for c in calls.values())
+
+    def bound(self, trainer: LocalSGDTrainer, form: BatchedForm) -> Optional[int]:
+        if not self._bound_known:
+            def need() -> int:
+                data = trainer.ctx.train
+                b = int(trainer.ctx.train_cfg.batch_size)
+                x, y = data.batch(torch.arange(min(b, len(data)), device=data.y.device))
+                slots = 2 if trainer.ctx.train_cfg.optimizer == "adam" else 1
+                return per_client_bytes(form, x, y, slots)
+            self._bound = stack_bound(self.plan.stack, self.device, need, self.free)
+            self._bound_known = True
+        return self._bound
+
+    def run(self, backend: Any, calls: Dict[int, Any], snapshot: bool) -> Iterator[Any]:
+        from .backend import CallResult
+
+        prepared: Dict[int, Tuple[Dict[str, torch.Tensor], List[ClientPlan], Any, tuple]] = {}
+        spent: Dict[int, float] = {}
+        failed: List[Any] = []
+        trainer = form = None
+        for cid in sorted(calls):  # receive the message, replay the batch order: per client, as sequentially
+            start = time.perf_counter()
+            call = calls[cid]
+            try:
+                trainer = backend.batched_bind(cid, snapshot)
+            except (PflError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                failed.append(CallResult(cid, error=f"swapping its state in: {type(exc).__name__}: {exc}",
+                                         detail=traceback.format_exc()))
+                continue
+            try:
+                _seed_host(call.seed)  # as seed_everything, without its per-call CUDA bookkeeping (below)
+                trainer.ctx.round = call.round
+                trainer.ctx.generator.manual_seed(call.seed)
+                trainer.batched_begin(call.message.payload)
+                form = trainer.batched_form()
+                state = {n: t.detach().clone() for n, t in form_tensors(form).items()}
+                plans = [client_plan(trainer, ph.epochs, ph.batch_size, ph.drop_last) for ph in form.phases]
+                # clients stack only with clients whose phases are alike
+                shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr, ph.drop_last, ph.aux)
+                              for ph in form.phases)
+                prepared[cid] = (state, plans, trainer.ctx, shape)
+            except (KeyboardInterrupt, ClientTimedOut):
+                raise
+            except Exception as exc:
+                failed.append(CallResult(cid, error=f"{type(exc).__name__}: {exc}", detail=traceback.format_exc()))
+            spent[cid] = time.perf_counter() - start
+            err = backend.batched_release(cid)
+            if err is not None:
+                prepared.pop(cid, None)
+                failed.append(err)
+        # the process RNGs end the round as after the sequential path's last call (the batched steps draw nothing)
+        seed_everything(calls[max(calls)].seed)
+        for res in failed:
+            yield res
+        if not prepared:
+            return
+        bound = self.bound(trainer, form)
+        shapes: Dict[tuple, Dict[int, int]] = {}
+        for cid, (_, plans, _, shape) in prepared.items():
+            shapes.setdefault(shape, {})[cid] = sum(p.steps for p in plans)
+        for steps in shapes.values():
+            for group in group_by_steps(steps, bound):
+                yield from self._run_group(backend, group, calls, prepared, spent)
+
+    def _run_group(self, backend: Any, group: List[int], calls: Dict[int, Any], prepared: Dict[int, Any],
+                   spent: Dict[int, float]) -> Iterator[Any]:
+        from .backend import CallResult
+
+        start = time.perf_counter()
+        limit = backend.client_timeout
+        try:
+            with deadline(None if limit is None else limit * len(group),
+                          lambda: backend._hung_message(group[0], calls[group[0]].round)):
+                trainer = backend.batched_bind(group[0], False)  # any client's form: its losses and modules
+                try:
+                    form = trainer.batched_form()
+                    train_cfg = trainer.ctx.train_cfg
+                finally:
+                    backend.batched_release(group[0])
+                states, losses, aux = train_stacked(form, train_cfg, [prepared[c][0] for c in group],
+                                               [prepared[c][1] for c in group],
+                                               [prepared[c][2].train for c in group])
+        except (KeyboardInterrupt, PflError):
+            raise
+        except (Exception, ClientTimedOut) as exc:  # find the client: run the group again one client at a time
+            self.fallbacks += 1
+            log.debug("batched group %s failed (%s: %s); running its clients one at a time", group,
+                      type(exc).__name__, exc)
+            for cid in group:  # a live trainer's rollback snapshot was taken before it received the message
+                yield backend._run_one(cid, calls[cid], False)
+            return
+        self.groups_run += 1
+        share = (time.perf_counter() - start) / len(group)
+        for cid, state, loss, extra in zip(group, states, losses, aux):
+            t0 = time.perf_counter()
+            try:
+                tr = backend.batched_bind(cid, False)
+            except (PflError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                yield CallResult(cid, error=f"swapping its state in: {type(exc).__name__}: {exc}",
+                                 detail=traceback.format_exc())
+                continue
+            try:
+                form = tr.batched_form()
+                with torch.no_grad():
+                    for n, t in form_tensors(form).items():
+                        t.copy_(state[n])
+                result = CallResult(cid, reply=form.reply(loss, prepared[cid][0], extra))
+            except (KeyboardInterrupt, ClientTimedOut):
+                raise
+            except Exception as exc:
+                result = CallResult(cid, error=f"{type(exc).__name__}: {exc}", detail=traceback.format_exc())
+            err = backend.batched_release(cid)
+            result.seconds = spent.get(cid, 0.0) + share + time.perf_counter() - t0
+            yield result if err is None else err
+
+
+def plan_from_config(cfg: Any, trainer_cls: type, device: torch.device, make_trainer: Callable[[], Any]
+                     ) -> BatchedPlan:
+    """The run's plan: ``clients.batched`` and ``clients.stack`` (``.get``: a run saved before the keys existed
+    runs sequentially, as it did)."""
+    clients = cfg.get("clients", {}) or {}
+    mode = clients.get("batched", "off") or "off"
+    stack = clients.get("stack")
+    return decide(mode, trainer_cls, cfg.trainer.name, device, lambda: probe(make_trainer()), stack)
+
