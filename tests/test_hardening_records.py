@@ -122,6 +122,8 @@ def test_a_failure_in_round_two_before_any_checkpoint_keeps_the_record(tmp_path,
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["interrupted"] is True
     assert summary["rounds_completed"] == 1 and summary["stopped_in_round"] == 2 and summary["rounds"] == 4
+    selected = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["clients_selected"]
+    assert summary["client_failures"] == selected  # the failing round's rejections count, though it logged no record
     assert summary["reason"].startswith("every selected client failed in round 2") and "\n" not in summary["reason"]
     assert "FAILED in round 2 of 4: every selected client failed in round 2" in (run / "run.log").read_text()
     _lock_is_free(run)

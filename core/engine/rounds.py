@@ -196,6 +196,10 @@ class RoundLoop:
             result = {"run_dir": str(self.run_dir), "algorithm": self.cfg.algorithm,
                       "dataset": self.cfg.dataset.name, "rounds_completed": self.completed_round,
                       "rounds": self.cfg.rounds, "seed": self.cfg.seed}
+        comm = getattr(self, "comm", None)
+        if comm is not None and self.completed_round < self.current_round:
+            # the failing round's rejected replies: its record was never written, so the totals lack them
+            result["client_failures"] = int(result.get("client_failures") or 0) + len(comm.traffic.failures)
         # 'interrupted' true as well: a reader that knows only that flag never takes this run for a finished one
         result.update({"interrupted": True, "status": "failed" if failed else "interrupted",
                        "stopped_in_round": self.current_round, "reason": reason})

@@ -383,6 +383,10 @@ def _logged_rounds(run_dir: Path) -> Tuple[int, int]:
     except CheckpointError:
         return 0, 0
     rejected = sum(int(_finite(row.get("client_failures"), 0.0)) for row in rows)
+    if (run_dir / "summary.json").exists():  # a failed run's summary also counts the failing round's rejections
+        with contextlib.suppress(CheckpointError, ConfigError):
+            recorded = read_summary(run_dir).get("client_failures")
+            rejected = max(rejected, int(_finite(recorded, 0.0)))
     return (rows[-1]["round"] if rows else 0), rejected
 
 
