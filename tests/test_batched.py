@@ -310,7 +310,7 @@ def test_run_info_and_summary_say_which_path_ran(tmp_path):
                                    "--set", "run_name=r", "--set", "rounds=1", "--set", "model.name=mlp",
                                    "--set", "partition.num_clients=3", "--set", "device=cpu"])
     assert res.exit_code == 0, res.output
-    assert "clients trained" in res.output and "sequential (auto runs clients one after another on CPU" in res.output
+    assert "clients trained" in res.output and "sequential (auto: one client after another on CPU; clients.batched=on batches them)" in res.output
     info = json.loads((tmp_path / "r" / "run_info.json").read_text())["entries"][0]["clients_batched"]
     assert info["mode"] == "auto" and info["path"] == "sequential"
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())

@@ -167,7 +167,7 @@ def test_a_run_failing_in_its_final_checkpoint_is_never_reused_as_finished(tmp_p
         Simulation(cfg, run_dir=tmp_path / "r", tensorboard=False).run()
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["rounds_completed"] == cfg.rounds == 2 and summary["status"] == "failed"
-    assert _existing_run(tmp_path / "r", cfg) == "resume"  # the checkpoint of round 1, not a finished run
+    assert _existing_run(tmp_path / "r", cfg)[0] == "resume"  # the checkpoint of round 1, not a finished run
 
 
 def test_ctrl_c_during_the_rounds_keeps_the_record_and_restarts(tmp_path, failing):

@@ -115,9 +115,10 @@ def decide(mode: str, trainer_cls: type, trainer_name: str, device: torch.device
         return BatchedPlan(mode, False, "clients.batched=off", stack)
     reason = form_reason(trainer_cls)
     if mode == "auto" and device.type != "cuda":
-        why = "auto runs clients one after another on CPU, so CPU numbers stay as published"
-        return BatchedPlan(mode, False, why + ("; clients.batched=on batches them" if reason is None else
-                                               f"; this trainer cannot batch anyway: {reason}"), stack)
+        # CPU numbers stay as published: auto batches on CUDA only
+        return BatchedPlan(mode, False, "auto: one client after another on CPU" + (
+            "; clients.batched=on batches them" if reason is None else f"; this trainer cannot batch: {reason}"),
+            stack)
     if reason is None:
         reason = probe()
     if reason is not None:
