@@ -288,6 +288,7 @@ def _two_rank_worker(rank: int, world: int, port: int, out: str) -> None:
                                                    "checkpoint.every=10"), progress=False)
         with pytest.raises(PflError, match="every selected client failed in round 2"):
             _run(req, ep, DistributedBackend())
+        dist.barrier()  # both ranks past the failed run before the group goes (a rank tearing it down early aborts)
     finally:
         dist.destroy_process_group()
 
