@@ -269,8 +269,9 @@ class _Grads:
         return self._backward(value, leaves)
 
     def solo(self, params: Sequence[torch.Tensor], consts: Sequence[torch.Tensor], xs, ys):
+        """``xs``, ``ys``: stacked, or one batch per client (of any sizes)."""
         per_grads, losses, extras = [], [], []
-        for i in range(xs.shape[0]):
+        for i in range(len(xs)):
             leaves = tuple(p[i].detach().requires_grad_() for p in params)
             with torch.enable_grad():
                 value = self.swap(leaves + tuple(c[i] for c in consts), xs[i], ys[i])
@@ -510,7 +511,7 @@ def _run_phase(grads: _Grads, P: List[torch.Tensor], C: List[torch.Tensor], opt:
 
     def step(rows: Any, count: int, xs: torch.Tensor, ys: torch.Tensor) -> None:
         """One step of ``count`` clients: ``rows`` None (all), a slice of the stack, or an index tensor."""
-        grad_fn = grads.solo if solo_ok and count <= SOLO_CLIENTS else grads.vmapped
+        grad_fn = grads.solo if (solo_ok and count <= SOLO_CLIENTS) or isinstance(xs, list) else grads.vmapped
         gathered = isinstance(rows, torch.Tensor)
         if rows is None:
             p, c = P, C
@@ -577,18 +578,29 @@ def _run_phase(grads: _Grads, P: List[torch.Tensor], C: List[torch.Tensor], opt:
         for i, p in enumerate(plans):
             if e < len(p.last) and p.last[e] is not None:
                 sizes.setdefault(len(p.last[e]), []).append(i)
+        alone: List[int] = []  # clients of sizes too few to stack (CPU): one plain pass each, in one step
         for size in sorted(sizes):
             members = sizes[size]
+            if solo_ok and len(members) <= SOLO_CLIENTS:
+                alone.extend(members)
+                continue
             batches = [data[i].batch(plans[i].last[e]) for i in members]
             xs = torch.stack([b[0] for b in batches])
             ys = torch.stack([b[1] for b in batches])
-            if len(members) == k:
-                rows = None
-            elif members == list(range(members[0], members[-1] + 1)):
-                rows = slice(members[0], members[-1] + 1)
-            else:
-                rows = torch.tensor(members, device=device)
-            step(rows, len(members), xs, ys)
+            step(_rows(members, k, device), len(members), xs, ys)
+        if alone:
+            alone.sort()
+            batches = [data[i].batch(plans[i].last[e]) for i in alone]
+            step(_rows(alone, k, device), len(alone), [b[0] for b in batches], [b[1] for b in batches])
+
+
+def _rows(members: List[int], k: int, device) -> Any:
+    """``members`` (sorted stack positions) as a step's rows: None (all), a slice, or an index tensor."""
+    if len(members) == k:
+        return None
+    if members == list(range(members[0], members[-1] + 1)):
+        return slice(members[0], members[-1] + 1)
+    return torch.tensor(members, device=device)
 
 
 def _seed_host(seed: int) -> None:
@@ -658,7 +670,7 @@ class BatchedRunner:
                 # clients stack only with clients whose phases are alike
                 shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr, ph.drop_last, ph.aux)
                               for ph in form.phases)
-                prepared[cid] = (state, plans, trainer.ctx, shape)
+                prepared[cid] = (state, plans, trainer.ctx, shape, form)
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
@@ -676,7 +688,7 @@ class BatchedRunner:
             return
         bound = self.bound(trainer, form)
         shapes: Dict[tuple, Dict[int, int]] = {}
-        for cid, (_, plans, _, shape) in prepared.items():
+        for cid, (_, plans, _, shape, _) in prepared.items():
             shapes.setdefault(shape, {})[cid] = sum(p.steps for p in plans)
         for steps in shapes.values():
             for group in group_by_steps(steps, bound):
@@ -691,12 +703,7 @@ class BatchedRunner:
         try:
             with deadline(None if limit is None else limit * len(group),
                           lambda: backend._hung_message(group[0], calls[group[0]].round)):
-                trainer = backend.batched_bind(group[0], False)  # any client's form: its losses and modules
-                try:
-                    form = trainer.batched_form()
-                    train_cfg = trainer.ctx.train_cfg
-                finally:
-                    backend.batched_release(group[0])
+                form, train_cfg = prepared[group[0]][4], prepared[group[0]][2].train_cfg  # any client's form
                 states, losses, aux = train_stacked(form, train_cfg, [prepared[c][0] for c in group],
                                                [prepared[c][1] for c in group],
                                                [prepared[c][2].train for c in group])
