@@ -40,7 +40,9 @@ class BatchedForm:
     """``modules``: name -> the trainer's module whose parameters and buffers each client holds; ``phases`` in order;
     ``reply(losses, start, aux)``: the fit reply from each phase's mean training loss, with the client's trained
     tensors in the modules, ``start`` holding its tensors (``"<module>.<name>"``) as the update began and ``aux`` the
-    sums of the ``aux`` phases' values (name -> float)."""
+    sums of the ``aux`` phases' values (name -> float). The reply called is the one of the form the client's trainer
+    built right after its ``batched_begin``, so it may keep what that computed for the client (FedC2I's influence
+    weights): a pooled trainer serves other clients in between."""
 
     modules: Dict[str, nn.Module]
     phases: List[BatchedPhase]

@@ -729,11 +729,11 @@ class BatchedRunner:
                                  detail=traceback.format_exc())
                 continue
             try:
-                form = tr.batched_form()
-                with torch.no_grad():
-                    for n, t in form_tensors(form).items():
+                with torch.no_grad():  # its trained tensors into its trainer's modules (as bound now)
+                    for n, t in form_tensors(tr.batched_form()).items():
                         t.copy_(state[n])
-                result = CallResult(cid, reply=form.reply(loss, prepared[cid][0], extra))
+                # the reply of the form built right after its batched_begin: it may hold what that computed
+                result = CallResult(cid, reply=prepared[cid][4].reply(loss, prepared[cid][0], extra))
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
