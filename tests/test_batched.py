@@ -46,7 +46,9 @@ SUPPORTED = {
     "fedcp-batchnorm-cpn-random-vector": ({}, ("trainer.cpn_norm=batchnorm", "trainer.client_vector_init=random",
                                                 "train.momentum=0.9")),
     "ditto-adam-epochs": ({}, ("train.optimizer=adam", "train.lr=0.01", "trainer.personal_epochs=2")),
-    "fedc2i": ({}, ()),  # the influence step per client, the training batched (its default: Adam, 2 epochs)
+    "fedc2i": ({}, ()),
+    "fedrod": ({}, ("trainer.personal_lr=0.2",)),  # the personal head with its own learning rate
+    "fedrod-momentum": ({}, ("train.momentum=0.9", "trainer.bsm_gamma=0.5")),  # the influence step per client, the training batched (its default: Adam, 2 epochs)
 }
 
 
@@ -109,7 +111,7 @@ DIGITS_30 = {"rounds": 30, "partition": {"num_clients": 8}, "model": {"name": "m
 
 THIRTY = {"fedavg": (), "fedper": (), "fedbabu": (), "lgfedavg": (), "fedrep": ("trainer.head_epochs=2",),
           "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": (), "fedcac": (), "fedntd": (), "moon": (), "local": (), "fedsa": (),
-          "fedc2i": ("dataset.name=digits", "partition.name=dirichlet")}
+          "fedc2i": ("dataset.name=digits", "partition.name=dirichlet"), "fedrod": ()}
 
 
 @pytest.mark.parametrize("algorithm", list(THIRTY))

@@ -24,7 +24,9 @@ class BatchedPhase:
     form's module names) for ``epochs`` epochs of mini-batches (``batch_size``: None = ``train.batch_size``;
     ``drop_last`` as ``ClientTrainer.batches``), with a fresh ``train.optimizer`` (``lr``: None = ``train.lr``), as
     ``make_optimizer`` + ``run_sgd`` would. With ``aux`` the loss returns ``(loss, {name: scalar tensor})`` and each
-    client's values are summed over its steps (a metric the sequential loss accumulates on the trainer)."""
+    client's values are summed over its steps (a metric the sequential loss accumulates on the trainer). ``lrs``:
+    the learning rate of some trained tensors, as a second optimizer over them with its own ``lr`` would use
+    (FedRoD's personal head)."""
 
     loss: Callable[[torch.Tensor, torch.Tensor], Any]
     trains: Sequence[str]
@@ -33,6 +35,7 @@ class BatchedPhase:
     lr: Optional[float] = None
     drop_last: bool = False
     aux: bool = False
+    lrs: Optional[Dict[str, float]] = None  # learning rates of some trained tensors (name -> lr), the others ``lr``
 
 
 @dataclass

@@ -376,9 +376,12 @@ class StackedOptimizer:
     subset of clients (``rows``: None = all, a ``slice`` of the stack = views updated in place, or an index tensor =
     gathered and written back); the others' parameters and state are left as they are."""
 
-    def __init__(self, params: Dict[str, torch.Tensor], train_cfg: Any, lr: Optional[float] = None) -> None:
+    def __init__(self, params: Dict[str, torch.Tensor], train_cfg: Any, lr: Optional[float] = None,
+                 lrs: Optional[Dict[str, float]] = None) -> None:
         self.kind = train_cfg.optimizer
         self.lr = float(train_cfg.lr if lr is None else lr)
+        self.lr_of = [float((lrs or {}).get(n, self.lr)) for n in params]  # per tensor (BatchedPhase.lrs)
+        self.one_lr = all(v == self.lr for v in self.lr_of)
         self.momentum = float(train_cfg.get("momentum", 0.0) or 0.0)
         self.wd = float(train_cfg.get("weight_decay", 0.0) or 0.0)
         limit = train_cfg.get("max_grad_norm")
@@ -442,18 +445,22 @@ class StackedOptimizer:
                     torch._foreach_add_(ms, grads)
                     put(self.m, ms)
                     grads = ms
-                torch._foreach_add_(ps, grads, alpha=-self.lr)
+                if self.one_lr:
+                    torch._foreach_add_(ps, grads, alpha=-self.lr)
+                else:
+                    for p, g, lr in zip(ps, grads, self.lr_of):
+                        p.add_(g, alpha=-lr)
             put(self.params, ps)
 
     def _adam(self, ps, grads, ms, vs, steps, betas=(0.9, 0.999), eps=1e-8) -> None:
         b1, b2 = betas
         bc1 = 1 - b1 ** steps
         bc2_sqrt = (1 - b2 ** steps).sqrt()
-        for p, g, m, v in zip(ps, grads, ms, vs):
+        for p, g, m, v, lr in zip(ps, grads, ms, vs, self.lr_of):
             m.lerp_(g, 1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
             shape = (-1,) + (1,) * (p.dim() - 1)
-            step_size = (self.lr / bc1).to(p.dtype).view(shape)
+            step_size = (lr / bc1).to(p.dtype).view(shape)
             denom = (v.sqrt() / bc2_sqrt.to(p.dtype).view(shape)).add_(eps)
             p.addcdiv_(m * step_size, denom, value=-1.0)
 
@@ -488,7 +495,7 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
         chosen = set(phase.trains)
         trains = [n for n in names if n in chosen]
         consts = [n for n in names if n not in chosen]
-        opt = StackedOptimizer({n: T[n] for n in trains}, train_cfg, phase.lr)
+        opt = StackedOptimizer({n: T[n] for n in trains}, train_cfg, phase.lr, phase.lrs)
         grads = _Grads(holder, phase.loss, trains, consts, phase.aux)
         loss_sum = torch.zeros(k, device=device)
         phase_plans = [p[ph] for p in plans]
@@ -668,8 +675,8 @@ class BatchedRunner:
                 state = {n: t.detach().clone() for n, t in form_tensors(form).items()}
                 plans = [client_plan(trainer, ph.epochs, ph.batch_size, ph.drop_last) for ph in form.phases]
                 # clients stack only with clients whose phases are alike
-                shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr, ph.drop_last, ph.aux)
-                              for ph in form.phases)
+                shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr, ph.drop_last, ph.aux,
+                               tuple(sorted((ph.lrs or {}).items()))) for ph in form.phases)
                 prepared[cid] = (state, plans, trainer.ctx, shape, form)
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
