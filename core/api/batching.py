@@ -26,7 +26,8 @@ class BatchedPhase:
     ``make_optimizer`` + ``run_sgd`` would. With ``aux`` the loss returns ``(loss, {name: scalar tensor})`` and each
     client's values are summed over its steps (a metric the sequential loss accumulates on the trainer). ``lrs``:
     the learning rate of some trained tensors, as a second optimizer over them with its own ``lr`` would use
-    (FedRoD's personal head)."""
+    (FedRoD's personal head). ``projected``: trained tensors that ``train.optimizer`` does not update; each step
+    sets them to ``clamp(t - lr * grad, low, high)`` (no momentum, weight decay or clipping: APFL's alpha)."""
 
     loss: Callable[[torch.Tensor, torch.Tensor], Any]
     trains: Sequence[str]
@@ -36,6 +37,7 @@ class BatchedPhase:
     drop_last: bool = False
     aux: bool = False
     lrs: Optional[Dict[str, float]] = None  # learning rates of some trained tensors (name -> lr), the others ``lr``
+    projected: Optional[Dict[str, tuple]] = None  # name -> (lr, low, high): plain projected gradient steps
 
 
 @dataclass

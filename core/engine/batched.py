@@ -1,16 +1,19 @@
 """Batched execution of a round's clients (``clients.batched``): K clients' local updates as one vectorised model.
 
-Each client's parameters and buffers are stacked along a leading client dimension; one ``torch.func.vmap`` of
-``grad(functional_call(...))`` computes every stacked client's gradient on its own mini-batch in one call, and one
-elementwise optimizer (SGD with momentum and weight decay, or Adam, with per-client step counts and a per-client
+Each client's parameters and buffers are stacked along a leading client dimension; one ``torch.func.vmap`` of the
+loss's forward pass (the client's tensors swapped into the trainer's modules) and one backward pass of the summed
+losses compute every stacked client's gradient on its own mini-batch, and one elementwise ``torch._foreach``
+optimizer (SGD with momentum and weight decay, or Adam, with per-client step counts and a per-client
 ``train.max_grad_norm``) updates them all, which equals one optimizer per client. Each client's mini-batch order is
 replayed from its own seeded generator exactly as the sequential path draws it (``training.batch_indices``).
 
 Ragged clients: within an epoch every client's full batches come first and its last, smaller batch (if any) last;
-the stack runs the epoch's full-batch steps together and then the last batches, one call per distinct size. A
-client with fewer steps sits the remaining steps out: the step runs on the sub-stack of active clients only, so an
-inactive client's parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step).
-Clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as many as half the
+the stack runs the epoch's full-batch steps together and then the last batches, one call per distinct size (on CPU
+the sizes with too few clients to stack share one step of plain per-client passes). A client with fewer steps sits
+the remaining steps out: the step runs on the sub-stack of active clients only, so an inactive client's
+parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step). The stack is ordered
+by step count, most first, so the active clients are a prefix and a step works on views of the stacked tensors;
+clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as many as half the
 free device memory holds), to keep the idle slots few.
 
 Which trainers batch: those with a batched form (``batched_begin`` + ``batched_form``, core/api/batching.py) that
@@ -391,6 +394,7 @@ class StackedOptimizer:
         k = next(iter(params.values())).shape[0] if params else 0
         device = next(iter(params.values())).device if params else torch.device("cpu")
         self.steps = torch.zeros(k, dtype=torch.float64, device=device)  # per client (Adam's bias correction)
+        self.projected: List[Tuple[int, torch.Tensor, tuple]] = []  # (index in the step's grads, tensor, spec)
         self.m = {n: torch.zeros_like(p) for n, p in params.items()} if (self.kind == "adam" or self.momentum) else {}
         self.v = {n: torch.zeros_like(p) for n, p in params.items()} if self.kind == "adam" else {}
 
@@ -409,6 +413,19 @@ class StackedOptimizer:
         clients' gradients only."""
         if isinstance(grads, dict):
             grads = [grads[n] for n in self.names]
+        if self.projected:  # plain projected steps (BatchedPhase.projected), outside train.optimizer
+            grads = list(grads)
+            with torch.no_grad():
+                for i, t, (lr, low, high) in self.projected:
+                    view = t if rows is None or isinstance(rows, slice) else None
+                    g = grads[i]
+                    if view is None:
+                        t.index_copy_(0, rows, (t[rows] - lr * g).clamp_(low, high))
+                    else:
+                        view = t if rows is None else t[rows]
+                        view.sub_(g, alpha=lr).clamp_(low, high)
+            drop = {i for i, _, _ in self.projected}
+            grads = [g for i, g in enumerate(grads) if i not in drop]
         self.clip(grads)
         gathered = isinstance(rows, torch.Tensor)
         if gathered:
@@ -495,7 +512,9 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
         chosen = set(phase.trains)
         trains = [n for n in names if n in chosen]
         consts = [n for n in names if n not in chosen]
-        opt = StackedOptimizer({n: T[n] for n in trains}, train_cfg, phase.lr, phase.lrs)
+        projected = {n: spec for n, spec in (phase.projected or {}).items() if n in chosen}
+        opt = StackedOptimizer({n: T[n] for n in trains if n not in projected}, train_cfg, phase.lr, phase.lrs)
+        opt.projected = [(trains.index(n), T[n], spec) for n, spec in projected.items()]
         grads = _Grads(holder, phase.loss, trains, consts, phase.aux)
         loss_sum = torch.zeros(k, device=device)
         phase_plans = [p[ph] for p in plans]
