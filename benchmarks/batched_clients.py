@@ -86,7 +86,8 @@ def measure(algorithm: str, sets: List[str], rounds: int, out: Path, cuda: bool)
 
 
 def micro(repeats: int = 200) -> None:
-    """One vmap(grad) call over K stacked 64-100-10 MLPs on a batch of 10 each, against one sequential SGD step."""
+    """One vmap(grad) call, and one vmapped forward with one backward pass of the summed losses (the batched path's
+    way), over K stacked 64-100-10 MLPs on a batch of 10 each, against one sequential SGD step."""
     import torch
     from torch import nn
     from torch.func import functional_call, grad_and_value, vmap
@@ -98,6 +99,7 @@ def micro(repeats: int = 200) -> None:
         return nn.functional.cross_entropy(functional_call(model, p, (x,)), y)
 
     step = vmap(grad_and_value(loss), randomness="error")
+    forward = vmap(loss, randomness="error")
 
     def timed(fn) -> float:
         for _ in range(10):
@@ -119,7 +121,13 @@ def micro(repeats: int = 200) -> None:
     for k in (1, 5, 20, 100):
         params = {n: t.detach().unsqueeze(0).repeat(k, *[1] * t.dim()) for n, t in model.named_parameters()}
         x, y = torch.randn(k, 10, 64), torch.randint(0, 10, (k, 10))
-        print(f"one vmap(grad) call, {k:3d} clients: {timed(lambda: step(params, x, y)):.3f} ms")
+
+        def forward_then_backward():  # what core/engine/batched.py does: vmap the forward, one backward of the sum
+            leaves = {n: t.detach().requires_grad_() for n, t in params.items()}
+            torch.autograd.grad(forward(leaves, x, y).sum(), list(leaves.values()))
+
+        print(f"{k:3d} clients: one vmap(grad) call {timed(lambda: step(params, x, y)):.3f} ms; "
+              f"vmap forward + one backward {timed(forward_then_backward):.3f} ms")
 
 
 def main(argv: Optional[List[str]] = None) -> None:

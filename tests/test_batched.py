@@ -46,6 +46,11 @@ SUPPORTED = {
     "fedcp-batchnorm-cpn-random-vector": ({}, ("trainer.cpn_norm=batchnorm", "trainer.client_vector_init=random",
                                                 "train.momentum=0.9")),
     "ditto-adam-epochs": ({}, ("train.optimizer=adam", "train.lr=0.01", "trainer.personal_epochs=2")),
+    "fedc2i": ({}, ()),  # the influence step per client, the training batched (its default: Adam, 2 epochs)
+    "fedrod": ({}, ("trainer.personal_lr=0.2",)),  # the personal head with its own learning rate
+    "fedrod-momentum": ({}, ("train.momentum=0.9", "trainer.bsm_gamma=0.5")),
+    "apfl": ({}, ("trainer.alpha_lr=0.5",)),  # adaptive alpha, a step large enough to move it
+    "apfl-fixed-alpha-momentum": ({}, ("trainer.adaptive=false", "train.momentum=0.9")),
 }
 
 
@@ -107,7 +112,8 @@ DIGITS_30 = {"rounds": 30, "partition": {"num_clients": 8}, "model": {"name": "m
 
 
 THIRTY = {"fedavg": (), "fedper": (), "fedbabu": (), "lgfedavg": (), "fedrep": ("trainer.head_epochs=2",),
-          "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": (), "fedcac": (), "fedntd": (), "moon": (), "local": (), "fedsa": ()}
+          "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": (), "fedcac": (), "fedntd": (), "moon": (), "local": (), "fedsa": (),
+          "fedc2i": ("dataset.name=digits", "partition.name=dirichlet"), "fedrod": (), "apfl": ()}
 
 
 @pytest.mark.parametrize("algorithm", list(THIRTY))
@@ -253,7 +259,7 @@ def runner_need(sim):
 # -- the decision ------------------------------------------------------------------------------------------------------
 def test_auto_batches_on_cuda_only_and_on_forces_it():
     from pflkit_fedavg import FedAvgTrainer
-    from pflkit_apfl import APFLTrainer
+    from pflkit_fedphp import FedPHPTrainer
 
     ok = lambda: None
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
@@ -262,12 +268,12 @@ def test_auto_batches_on_cuda_only_and_on_forces_it():
     assert B.decide("auto", FedAvgTrainer, "fedavg", cuda, ok).batched
     assert B.decide("on", FedAvgTrainer, "fedavg", cpu, ok).batched
     assert not B.decide("off", FedAvgTrainer, "fedavg", cuda, ok).batched
-    apfl = B.decide("auto", APFLTrainer, "apfl", cuda, ok)
-    assert not apfl.batched and "APFLTrainer overrides on_fit()" in apfl.reason
+    fedphp = B.decide("auto", FedPHPTrainer, "fedphp", cuda, ok)
+    assert not fedphp.batched and "FedPHPTrainer overrides on_fit()" in fedphp.reason
     probe_fails = B.decide("auto", FedAvgTrainer, "fedavg", cuda, lambda: "its training draws random numbers")
     assert not probe_fails.batched and "random" in probe_fails.reason
-    with pytest.raises(ConfigError, match="clients.batched=on: trainer 'apfl' cannot be batched"):
-        B.decide("on", APFLTrainer, "apfl", cpu, ok)
+    with pytest.raises(ConfigError, match="clients.batched=on: trainer 'fedphp' cannot be batched"):
+        B.decide("on", FedPHPTrainer, "fedphp", cpu, ok)
 
 
 def test_dropout_is_found_by_the_probe(tmp_path):
@@ -281,7 +287,7 @@ def test_dropout_is_found_by_the_probe(tmp_path):
 
 
 def test_on_with_a_trainer_that_cannot_batch_is_one_line(tmp_path):
-    assert_run_refused("apfl", ["clients.batched=on"], "cannot be batched", tmp_path)
+    assert_run_refused("fedphp", ["clients.batched=on"], "cannot be batched", tmp_path)
     assert_run_refused("fedavg", ["clients.batched=sometimes"], "clients.batched", tmp_path)
 
 
@@ -301,8 +307,8 @@ def test_fl_show_says_which_path():
         cli, ["show", "fedcp"]).output
     assert "clients.batched: batched (FedRepTrainer declares its phases)" in CliRunner().invoke(
         cli, ["show", "fedrep"]).output
-    out = CliRunner().invoke(cli, ["show", "apfl"]).output
-    assert "clients.batched: sequential (APFLTrainer overrides" in out and "declares no batched_form()" in out
+    out = CliRunner().invoke(cli, ["show", "fedphp"]).output
+    assert "clients.batched: sequential (FedPHPTrainer overrides" in out and "declares no batched_form()" in out
 
 
 def test_run_info_and_summary_say_which_path_ran(tmp_path):

@@ -24,7 +24,10 @@ class BatchedPhase:
     form's module names) for ``epochs`` epochs of mini-batches (``batch_size``: None = ``train.batch_size``;
     ``drop_last`` as ``ClientTrainer.batches``), with a fresh ``train.optimizer`` (``lr``: None = ``train.lr``), as
     ``make_optimizer`` + ``run_sgd`` would. With ``aux`` the loss returns ``(loss, {name: scalar tensor})`` and each
-    client's values are summed over its steps (a metric the sequential loss accumulates on the trainer)."""
+    client's values are summed over its steps (a metric the sequential loss accumulates on the trainer). ``lrs``:
+    the learning rate of some trained tensors, as a second optimizer over them with its own ``lr`` would use
+    (FedRoD's personal head). ``projected``: trained tensors that ``train.optimizer`` does not update; each step
+    sets them to ``clamp(t - lr * grad, low, high)`` (no momentum, weight decay or clipping: APFL's alpha)."""
 
     loss: Callable[[torch.Tensor, torch.Tensor], Any]
     trains: Sequence[str]
@@ -33,6 +36,8 @@ class BatchedPhase:
     lr: Optional[float] = None
     drop_last: bool = False
     aux: bool = False
+    lrs: Optional[Dict[str, float]] = None  # learning rates of some trained tensors (name -> lr), the others ``lr``
+    projected: Optional[Dict[str, tuple]] = None  # name -> (lr, low, high): plain projected gradient steps
 
 
 @dataclass
@@ -40,7 +45,9 @@ class BatchedForm:
     """``modules``: name -> the trainer's module whose parameters and buffers each client holds; ``phases`` in order;
     ``reply(losses, start, aux)``: the fit reply from each phase's mean training loss, with the client's trained
     tensors in the modules, ``start`` holding its tensors (``"<module>.<name>"``) as the update began and ``aux`` the
-    sums of the ``aux`` phases' values (name -> float)."""
+    sums of the ``aux`` phases' values (name -> float). The reply called is the one of the form the client's trainer
+    built right after its ``batched_begin``, so it may keep what that computed for the client (FedC2I's influence
+    weights): a pooled trainer serves other clients in between."""
 
     modules: Dict[str, nn.Module]
     phases: List[BatchedPhase]

@@ -1,16 +1,19 @@
 """Batched execution of a round's clients (``clients.batched``): K clients' local updates as one vectorised model.
 
-Each client's parameters and buffers are stacked along a leading client dimension; one ``torch.func.vmap`` of
-``grad(functional_call(...))`` computes every stacked client's gradient on its own mini-batch in one call, and one
-elementwise optimizer (SGD with momentum and weight decay, or Adam, with per-client step counts and a per-client
+Each client's parameters and buffers are stacked along a leading client dimension; one ``torch.func.vmap`` of the
+loss's forward pass (the client's tensors swapped into the trainer's modules) and one backward pass of the summed
+losses compute every stacked client's gradient on its own mini-batch, and one elementwise ``torch._foreach``
+optimizer (SGD with momentum and weight decay, or Adam, with per-client step counts and a per-client
 ``train.max_grad_norm``) updates them all, which equals one optimizer per client. Each client's mini-batch order is
 replayed from its own seeded generator exactly as the sequential path draws it (``training.batch_indices``).
 
 Ragged clients: within an epoch every client's full batches come first and its last, smaller batch (if any) last;
-the stack runs the epoch's full-batch steps together and then the last batches, one call per distinct size. A
-client with fewer steps sits the remaining steps out: the step runs on the sub-stack of active clients only, so an
-inactive client's parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step).
-Clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as many as half the
+the stack runs the epoch's full-batch steps together and then the last batches, one call per distinct size (on CPU
+the sizes with too few clients to stack share one step of plain per-client passes). A client with fewer steps sits
+the remaining steps out: the step runs on the sub-stack of active clients only, so an inactive client's
+parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step). The stack is ordered
+by step count, most first, so the active clients are a prefix and a step works on views of the stacked tensors;
+clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as many as half the
 free device memory holds), to keep the idle slots few.
 
 Which trainers batch: those with a batched form (``batched_begin`` + ``batched_form``, core/api/batching.py) that
@@ -53,6 +56,10 @@ MODES = ("auto", "on", "off")
 # the methods of a local update's fit path: a trainer that keeps LocalSGDTrainer's has a derivable functional form
 FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches", "batched_begin")
 SOLO_CLIENTS = 4  # on CPU a step of this many clients or fewer runs them one by one (cheaper than a vmap call)
+# a step of this many clients or more takes vmap(grad(...)) instead of a vmapped forward and one backward pass: on a
+# CPU the former's fixed cost is higher (64-100-10 MLP, batch 10: 0.57 against 0.38 ms), its backward over a large
+# stack faster (64 clients: 0.98 against 0.93 ms; 100 clients: 1.36 against 1.97 ms)
+GRAD_TRANSFORM_CLIENTS = 80
 MEMORY_SHARE = 0.5  # the share of free device memory one stacked group may use (the rest: the data, the allocator)
 
 
@@ -191,56 +198,105 @@ def group_by_steps(steps: Dict[int, int], bound: Optional[int]) -> List[List[int
 
 # -- the functional local update ------------------------------------------------------------------------------------
 class _Modules(nn.Module):
-    """The form's modules under their names: ``functional_call`` on it substitutes a stacked client's tensors into
-    the trainer's own modules for the duration of one call of a phase's loss."""
+    """The form's modules under their names; ``_Swap`` substitutes a stacked client's tensors into them for the
+    duration of one call of a phase's loss."""
 
     def __init__(self, modules: Dict[str, nn.Module]) -> None:
         super().__init__()
         for name, module in modules.items():
             self.add_module(name, module)
-        self.loss: Optional[Callable] = None
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.loss(x, y)
 
 
-def _vmapped_grad(holder: _Modules, loss: Callable, aux: bool = False) -> Callable:
-    """(grads, loss) per stacked client; with ``aux``, (grads, (loss, aux dict))."""
-    from torch.func import functional_call, grad_and_value, vmap
+class _Swap:
+    """Calls a phase's loss with given tensors in place of the modules' own (``"<module>.<name>"`` keys, in a fixed
+    order): what ``torch.func.functional_call`` does, without its per-call name parsing and untying, which on a CPU
+    costs more than a small model's forward. A tensor the modules hold under two names (tied weights) is replaced
+    under both."""
 
-    def one(params, consts, x, y):
-        holder.loss = loss
-        return functional_call(holder, {**params, **consts}, (x, y))
+    def __init__(self, holder: _Modules, keys: Sequence[str], loss: Callable) -> None:
+        self.loss = loss
+        self.keys = list(keys)
+        index = {k: i for i, k in enumerate(self.keys)}
+        owned = dict(holder.named_parameters(remove_duplicate=False))
+        owned.update(holder.named_buffers(remove_duplicate=False))
+        by_id = {id(owned[k]): i for k, i in index.items() if k in owned}
+        self.slots: List[Tuple[Dict[str, Any], str, int]] = []
+        for name, tensor in owned.items():
+            i = index.get(name, by_id.get(id(tensor)))
+            if i is None:
+                continue
+            path, _, attr = name.rpartition(".")
+            sub = holder.get_submodule(path)
+            store = sub._parameters if attr in sub._parameters else sub._buffers
+            self.slots.append((store, attr, i))
 
-    return vmap(grad_and_value(one, has_aux=aux), randomness="error")
+    def __call__(self, tensors: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> Any:
+        slots = self.slots
+        old = [store[attr] for store, attr, _ in slots]
+        try:
+            for store, attr, i in slots:
+                store[attr] = tensors[i]
+            return self.loss(x, y)
+        finally:
+            for (store, attr, _), t in zip(slots, old):
+                store[attr] = t
 
 
-def _solo_grad(holder: _Modules, loss: Callable, aux: bool = False) -> Callable:
-    """The same gradients as ``_vmapped_grad`` for a few clients, one plain autograd pass each: a vmap call costs a
-    fixed millisecond or so, more than a lone client's step of a small model."""
-    from torch.func import functional_call
+class _Grads:
+    """Per stacked client, the gradients of a phase's loss with respect to its trained tensors and the loss (with
+    ``aux``, also the loss's dict of scalars), for all clients at once: one ``vmap`` of the forward pass over the
+    stacked tensors, then one ordinary backward pass of the sum of the clients' losses (the clients share nothing, so
+    each client's gradient is its own loss's). On CPU a few clients run one plain autograd pass each instead: a vmap
+    call has a fixed cost of a few sequential steps."""
 
-    def run(params, consts, xs, ys):
-        names = list(params)
-        grads = {n: [] for n in names}
-        losses, extras = [], []
-        holder.loss = loss
-        for i in range(xs.shape[0]):
-            p = {n: params[n][i].detach().requires_grad_() for n in names}
-            value = functional_call(holder, {**p, **{n: t[i] for n, t in consts.items()}}, (xs[i], ys[i]))
-            if aux:
-                value, extra = value
+    def __init__(self, holder: _Modules, loss: Callable, trains: Sequence[str], consts: Sequence[str],
+                 aux: bool = False) -> None:
+        from torch.func import grad_and_value, vmap
+
+        self.n_train = len(trains)
+        self.swap = _Swap(holder, list(trains) + list(consts), loss)
+        self.aux = aux
+        self.forward = vmap(self._one, randomness="error")
+        self.transformed = vmap(grad_and_value(self._one, has_aux=aux), randomness="error")
+
+    def _one(self, params: Tuple[torch.Tensor, ...], consts: Tuple[torch.Tensor, ...], x, y):
+        return self.swap(params + consts, x, y)
+
+    def _backward(self, value, leaves):
+        loss, extra = value if self.aux else (value, None)
+        got = torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, got)]
+        loss = loss.detach()
+        if self.aux:
+            return grads, (loss, {n: v.detach() for n, v in extra.items()})
+        return grads, loss
+
+    def vmapped(self, params: Sequence[torch.Tensor], consts: Sequence[torch.Tensor], xs, ys):
+        if len(xs) >= GRAD_TRANSFORM_CLIENTS:  # a large stack: vmap(grad), whose backward is the faster one there
+            grads, value = self.transformed(tuple(params), tuple(consts), xs, ys)
+            return list(grads), value
+        leaves = tuple(p.detach().requires_grad_() for p in params)
+        with torch.enable_grad():
+            value = self.forward(leaves, tuple(consts), xs, ys)
+        return self._backward(value, leaves)
+
+    def solo(self, params: Sequence[torch.Tensor], consts: Sequence[torch.Tensor], xs, ys):
+        """``xs``, ``ys``: stacked, or one batch per client (of any sizes)."""
+        per_grads, losses, extras = [], [], []
+        for i in range(len(xs)):
+            leaves = tuple(p[i].detach().requires_grad_() for p in params)
+            with torch.enable_grad():
+                value = self.swap(leaves + tuple(c[i] for c in consts), xs[i], ys[i])
+            g, v = self._backward(value, leaves)
+            per_grads.append(g)
+            if self.aux:
+                v, extra = v
                 extras.append(extra)
-            got = torch.autograd.grad(value, [p[n] for n in names], allow_unused=True)
-            for n, g in zip(names, got):
-                grads[n].append(torch.zeros_like(p[n]) if g is None else g)
-            losses.append(value.detach())
-        stacked = {n: torch.stack(g) for n, g in grads.items()}
-        if aux:
-            return stacked, (torch.stack(losses), {k: torch.stack([e[k] for e in extras]) for k in extras[0]})
-        return stacked, torch.stack(losses)
-
-    return run
+            losses.append(v)
+        grads = [torch.stack(gs) for gs in zip(*per_grads)]
+        if self.aux:
+            return grads, (torch.stack(losses), {n: torch.stack([e[n] for e in extras]) for n in extras[0]})
+        return grads, torch.stack(losses)
 
 
 def form_tensors(form: BatchedForm) -> Dict[str, torch.Tensor]:
@@ -278,9 +334,10 @@ def probe(trainer: LocalSGDTrainer) -> Optional[str]:
             if unknown:
                 return f"its batched form trains {sorted(unknown)[0]!r}, which none of its modules holds"
             two = {n: t.detach().unsqueeze(0).repeat(2, *[1] * t.dim()).clone() for n, t in tensors.items()}
-            _vmapped_grad(holder, phase.loss, phase.aux)({n: two[n] for n in trains},
-                                              {n: t for n, t in two.items() if n not in trains},
-                                              torch.stack([x, x]), torch.stack([y, y]))
+            names = [n for n in tensors if n in trains]
+            consts = [n for n in tensors if n not in trains]
+            _Grads(holder, phase.loss, names, consts, phase.aux).vmapped(
+                [two[n] for n in names], [two[n] for n in consts], torch.stack([x, x]), torch.stack([y, y]))
     except Exception as exc:  # the loss cannot be vectorised: say why, run sequentially
         msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
         if "random" in msg.lower():
@@ -328,85 +385,110 @@ def client_plan(trainer: Any, epochs: Optional[int] = None, batch_size: Optional
 
 class StackedOptimizer:
     """``train.optimizer`` over stacked tensors: elementwise, so it equals one optimizer per client. Steps act on a
-    subset of clients (``rows``); the others' parameters and state are left as they are."""
+    subset of clients (``rows``: None = all, a ``slice`` of the stack = views updated in place, or an index tensor =
+    gathered and written back); the others' parameters and state are left as they are."""
 
-    def __init__(self, params: Dict[str, torch.Tensor], train_cfg: Any, lr: Optional[float] = None) -> None:
+    def __init__(self, params: Dict[str, torch.Tensor], train_cfg: Any, lr: Optional[float] = None,
+                 lrs: Optional[Dict[str, float]] = None) -> None:
         self.kind = train_cfg.optimizer
         self.lr = float(train_cfg.lr if lr is None else lr)
+        self.lr_of = [float((lrs or {}).get(n, self.lr)) for n in params]  # per tensor (BatchedPhase.lrs)
+        self.one_lr = all(v == self.lr for v in self.lr_of)
         self.momentum = float(train_cfg.get("momentum", 0.0) or 0.0)
         self.wd = float(train_cfg.get("weight_decay", 0.0) or 0.0)
         limit = train_cfg.get("max_grad_norm")
         self.max_norm = float(limit) if limit else None
         self.params = params
+        self.names = list(params)
         k = next(iter(params.values())).shape[0] if params else 0
         device = next(iter(params.values())).device if params else torch.device("cpu")
         self.steps = torch.zeros(k, dtype=torch.float64, device=device)  # per client (Adam's bias correction)
+        self.projected: List[Tuple[int, torch.Tensor, tuple]] = []  # (index in the step's grads, tensor, spec)
         self.m = {n: torch.zeros_like(p) for n, p in params.items()} if (self.kind == "adam" or self.momentum) else {}
         self.v = {n: torch.zeros_like(p) for n, p in params.items()} if self.kind == "adam" else {}
 
-    def clip(self, grads: Dict[str, torch.Tensor]) -> None:
+    def clip(self, grads: List[torch.Tensor]) -> None:
         """torch.nn.utils.clip_grad_norm_ per client: scale its gradients to total 2-norm ``max_norm``."""
         if not self.max_norm or not grads:
             return
-        norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()], dim=1)  # [K, tensors]
+        norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads], dim=1)  # [K, tensors]
         total = norms.norm(dim=1)
         coef = torch.clamp(self.max_norm / (total + 1e-6), max=1.0)
-        for g in grads.values():
+        for g in grads:
             g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
 
-    def step(self, grads: Dict[str, torch.Tensor], rows: Optional[torch.Tensor]) -> None:
-        """One step for the clients in ``rows`` (None: all); ``grads`` hold those clients' gradients only."""
+    def step(self, grads: Any, rows: Any = None) -> None:
+        """One step for the clients in ``rows``; ``grads`` (a list in ``params``' order, or a dict) hold those
+        clients' gradients only."""
+        if isinstance(grads, dict):
+            grads = [grads[n] for n in self.names]
+        if self.projected:  # plain projected steps (BatchedPhase.projected), outside train.optimizer
+            grads = list(grads)
+            with torch.no_grad():
+                for i, t, (lr, low, high) in self.projected:
+                    view = t if rows is None or isinstance(rows, slice) else None
+                    g = grads[i]
+                    if view is None:
+                        t.index_copy_(0, rows, (t[rows] - lr * g).clamp_(low, high))
+                    else:
+                        view = t if rows is None else t[rows]
+                        view.sub_(g, alpha=lr).clamp_(low, high)
+            drop = {i for i, _, _ in self.projected}
+            grads = [g for i, g in enumerate(grads) if i not in drop]
         self.clip(grads)
-        if rows is None:
-            self.steps += 1
-            steps = self.steps
-        else:
+        gathered = isinstance(rows, torch.Tensor)
+        if gathered:
             steps = self.steps[rows] + 1
             self.steps.index_copy_(0, rows, steps)
-        with torch.no_grad():
-            if self.kind == "adam":
-                self._adam(grads, rows, steps)
-            else:
-                self._sgd(grads, rows)
-
-    def _get(self, store: Dict[str, torch.Tensor], n: str, rows) -> torch.Tensor:
-        return store[n] if rows is None else store[n][rows]
-
-    def _put(self, store: Dict[str, torch.Tensor], n: str, rows, value: torch.Tensor) -> None:
-        if rows is None:
-            if value is not store[n]:
-                store[n].copy_(value)
         else:
-            store[n].index_copy_(0, rows, value)
+            view = self.steps if rows is None else self.steps[rows]
+            view += 1
+            steps = view
 
-    def _sgd(self, grads, rows) -> None:
-        for n, g in grads.items():
-            p = self._get(self.params, n, rows)
+        def get(store: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+            if rows is None:
+                return [store[n] for n in self.names]
+            return [store[n][rows] for n in self.names]  # a view (slice) or a copy (index tensor)
+
+        def put(store: Dict[str, torch.Tensor], values: List[torch.Tensor]) -> None:
+            if gathered:
+                for n, t in zip(self.names, values):
+                    store[n].index_copy_(0, rows, t)
+
+        with torch.no_grad():
+            ps = get(self.params)
             if self.wd:
-                g = g.add(p, alpha=self.wd)
-            if self.momentum:
-                buf = self._get(self.m, n, rows).mul_(self.momentum).add_(g)
-                self._put(self.m, n, rows, buf)
-                g = buf
-            self._put(self.params, n, rows, p.add_(g, alpha=-self.lr))
+                grads = torch._foreach_add(grads, ps, alpha=self.wd)
+            if self.kind == "adam":
+                ms, vs = get(self.m), get(self.v)
+                self._adam(ps, grads, ms, vs, steps)
+                put(self.m, ms)
+                put(self.v, vs)
+            else:
+                if self.momentum:
+                    ms = get(self.m)
+                    torch._foreach_mul_(ms, self.momentum)
+                    torch._foreach_add_(ms, grads)
+                    put(self.m, ms)
+                    grads = ms
+                if self.one_lr:
+                    torch._foreach_add_(ps, grads, alpha=-self.lr)
+                else:
+                    for p, g, lr in zip(ps, grads, self.lr_of):
+                        p.add_(g, alpha=-lr)
+            put(self.params, ps)
 
-    def _adam(self, grads, rows, steps, betas=(0.9, 0.999), eps=1e-8) -> None:
+    def _adam(self, ps, grads, ms, vs, steps, betas=(0.9, 0.999), eps=1e-8) -> None:
         b1, b2 = betas
         bc1 = 1 - b1 ** steps
         bc2_sqrt = (1 - b2 ** steps).sqrt()
-        for n, g in grads.items():
-            p = self._get(self.params, n, rows)
-            if self.wd:
-                g = g.add(p, alpha=self.wd)
-            m = self._get(self.m, n, rows).lerp_(g, 1 - b1)
-            v = self._get(self.v, n, rows).mul_(b2).addcmul_(g, g, value=1 - b2)
+        for p, g, m, v, lr in zip(ps, grads, ms, vs, self.lr_of):
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
             shape = (-1,) + (1,) * (p.dim() - 1)
-            step_size = (self.lr / bc1).to(p.dtype).view(shape)
+            step_size = (lr / bc1).to(p.dtype).view(shape)
             denom = (v.sqrt() / bc2_sqrt.to(p.dtype).view(shape)).add_(eps)
             p.addcdiv_(m * step_size, denom, value=-1.0)
-            self._put(self.m, n, rows, m)
-            self._put(self.v, n, rows, v)
-            self._put(self.params, n, rows, p)
 
 
 def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torch.Tensor]],
@@ -416,8 +498,17 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
     are used with each client's tensors substituted); ``states``: each client's ``form_tensors`` after receiving the
     round's message; ``plans``: per client, one ``ClientPlan`` per phase; ``data``: each client's ``TensorData``.
     Returns each client's tensors after training, its mean training loss per phase (as ``run_sgd`` computes it) and
-    the sums of its ``aux`` phases' values."""
+    the sums of its ``aux`` phases' values.
+
+    The stack is ordered by the clients' numbers of full batches, most first (FedJAX's recipe for ragged clients), so
+    the clients still stepping are a prefix of the stack: a step runs on views of it, gathering and scattering
+    nothing; where an order fits no phase (or for the last, smaller batches) a step gathers its rows."""
     k = len(states)
+    order = sorted(range(k), key=lambda i: [-len(f) for p in plans[i] for f in p.full] + [i])
+    back = {pos: i for i, pos in enumerate(order)}
+    states = [states[i] for i in order]
+    plans = [plans[i] for i in order]
+    data = [data[i] for i in order]
     names = list(states[0])
     T = {n: torch.stack([s[n] for s in states]) for n in names}
     device = next(iter(T.values())).device
@@ -427,55 +518,65 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
     losses: List[List[float]] = [[] for _ in range(k)]
     aux_sums: Dict[str, torch.Tensor] = {}
     for ph, phase in enumerate(form.phases):
-        trains = [n for n in names if n in set(phase.trains)]
-        P = {n: T[n] for n in trains}
-        C = {n: T[n] for n in names if n not in set(trains)}
-        opt = StackedOptimizer(P, train_cfg, phase.lr)
-        grad_fns = (_vmapped_grad(holder, phase.loss, phase.aux), _solo_grad(holder, phase.loss, phase.aux))
+        chosen = set(phase.trains)
+        trains = [n for n in names if n in chosen]
+        consts = [n for n in names if n not in chosen]
+        projected = {n: spec for n, spec in (phase.projected or {}).items() if n in chosen}
+        opt = StackedOptimizer({n: T[n] for n in trains if n not in projected}, train_cfg, phase.lr, phase.lrs)
+        opt.projected = [(trains.index(n), T[n], spec) for n, spec in projected.items()]
+        grads = _Grads(holder, phase.loss, trains, consts, phase.aux)
         loss_sum = torch.zeros(k, device=device)
         phase_plans = [p[ph] for p in plans]
-        _run_phase(grad_fns, P, C, opt, loss_sum, phase_plans, data, k, device, aux_sums if phase.aux else None)
+        _run_phase(grads, [T[n] for n in trains], [T[n] for n in consts], opt, loss_sum, phase_plans, data, k,
+                   device, aux_sums if phase.aux else None)
         steps = [p.steps for p in phase_plans]
         for i, total in enumerate(loss_sum.double().tolist()):
             losses[i].append(total / steps[i] if steps[i] else 0.0)
     out = [{n: T[n][i] for n in names} for i in range(k)]
     aux = [{name: float(v) for name, v in zip(aux_sums, vals)} for vals in
            zip(*[t.double().tolist() for t in aux_sums.values()])] if aux_sums else [{} for _ in range(k)]
-    return out, losses, aux
+    return ([out[back[i]] for i in range(k)], [losses[back[i]] for i in range(k)],
+            [aux[back[i]] for i in range(k)])
 
 
-def _run_phase(grad_fns, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: int, device,
+def _run_phase(grads: _Grads, P: List[torch.Tensor], C: List[torch.Tensor], opt: StackedOptimizer,
+               loss_sum: torch.Tensor, plans: List[ClientPlan], data, k: int, device,
                aux_sums: Optional[Dict[str, torch.Tensor]] = None) -> None:
-    vmapped, solo = grad_fns
+    solo_ok = device.type == "cpu"
 
-    def add(store: torch.Tensor, rows: Optional[torch.Tensor], values: torch.Tensor) -> None:
+    def step(rows: Any, count: int, xs: torch.Tensor, ys: torch.Tensor) -> None:
+        """One step of ``count`` clients: ``rows`` None (all), a slice of the stack, or an index tensor."""
+        grad_fn = grads.solo if (solo_ok and count <= SOLO_CLIENTS) or isinstance(xs, list) else grads.vmapped
+        gathered = isinstance(rows, torch.Tensor)
         if rows is None:
-            store.add_(values)
+            p, c = P, C
         else:
-            store.index_add_(0, rows, values)
-
-    def step(rows: Optional[torch.Tensor], xs: torch.Tensor, ys: torch.Tensor) -> None:
-        count = k if rows is None else int(rows.numel())
-        grad_fn = solo if count <= SOLO_CLIENTS and device.type == "cpu" else vmapped
-        if rows is None:
-            grads, loss = grad_fn(P, C, xs, ys)  # BatchNorm statistics update C in place
-        else:
-            c_sub = {n: t[rows] for n, t in C.items()}
-            grads, loss = grad_fn({n: t[rows] for n, t in P.items()}, c_sub, xs, ys)
-            for n, t in c_sub.items():
-                C[n].index_copy_(0, rows, t)
-        opt.step(grads, rows)
+            p = [t[rows] for t in P]
+            c = [t[rows] for t in C]
+        g, loss = grad_fn(p, c, xs, ys)  # BatchNorm statistics update c in place (views: the stack itself)
+        if gathered:
+            for t, sub in zip(C, c):
+                t.index_copy_(0, rows, sub)
+        opt.step(g, rows)
         if aux_sums is not None:
             loss, extra = loss
             for name, v in extra.items():
                 if name not in aux_sums:
                     aux_sums[name] = torch.zeros(k, dtype=torch.float64, device=device)
-                add(aux_sums[name], rows, v.detach().double())
-        add(loss_sum, rows, loss.detach())
+                add(aux_sums[name], rows, v.double())
+        add(loss_sum, rows, loss)
+
+    def add(store: torch.Tensor, rows: Any, values: torch.Tensor) -> None:
+        if isinstance(rows, torch.Tensor):
+            store.index_add_(0, rows, values)
+        elif rows is None:
+            store.add_(values)
+        else:
+            store[rows] += values
 
     epochs = max((len(p.full) for p in plans), default=0)
     for e in range(epochs):
-        # full batches: per client one gather of this epoch's samples, then a view per step
+        # full batches: per client one gather of this epoch's samples; steps along the first dimension
         counts = [len(p.full[e]) if e < len(p.full) else 0 for p in plans]
         width = max(counts, default=0)
         if width:
@@ -490,29 +591,51 @@ def _run_phase(grad_fns, P, C, opt, loss_sum, plans: List[ClientPlan], data, k: 
                     y = torch.cat([y, y[:1].expand(width - counts[i], *y.shape[1:])])
                 xs_all.append(x)
                 ys_all.append(y)
-            X = torch.stack(xs_all)  # [clients with batches, width, batch, ...]
-            Y = torch.stack(ys_all)
+            X = torch.stack(xs_all, dim=1)  # [width, clients with batches, batch, ...]: X[t][:m] is contiguous
+            Y = torch.stack(ys_all, dim=1)
             del xs_all, ys_all
+            prefix = all(counts[i] >= counts[i + 1] for i in range(k - 1))
             for t in range(width):
-                active = [j for j, i in enumerate(present) if counts[i] > t]
-                if len(active) == k:
-                    step(None, X[:, t], Y[:, t])
+                if prefix:
+                    m = sum(1 for c in counts if c > t)
+                    step(None if m == k else slice(0, m), m, X[t][:m], Y[t][:m])
                 else:
-                    sel = torch.tensor(active, device=X.device)
-                    rows = torch.tensor([present[j] for j in active], device=device)
-                    step(rows, X[sel, t], Y[sel, t])
+                    active = [j for j, i in enumerate(present) if counts[i] > t]
+                    if len(active) == k:
+                        step(None, k, X[t], Y[t])
+                    else:
+                        sel = torch.tensor(active, device=X.device)
+                        rows = torch.tensor([present[j] for j in active], device=device)
+                        step(rows, len(active), X[t][sel], Y[t][sel])
             del X, Y
         # last (smaller) batches: one step per distinct size
         sizes: Dict[int, List[int]] = {}
         for i, p in enumerate(plans):
             if e < len(p.last) and p.last[e] is not None:
                 sizes.setdefault(len(p.last[e]), []).append(i)
+        alone: List[int] = []  # clients of sizes too few to stack (CPU): one plain pass each, in one step
         for size in sorted(sizes):
             members = sizes[size]
+            if solo_ok and len(members) <= SOLO_CLIENTS:
+                alone.extend(members)
+                continue
             batches = [data[i].batch(plans[i].last[e]) for i in members]
             xs = torch.stack([b[0] for b in batches])
             ys = torch.stack([b[1] for b in batches])
-            step(None if len(members) == k else torch.tensor(members, device=device), xs, ys)
+            step(_rows(members, k, device), len(members), xs, ys)
+        if alone:
+            alone.sort()
+            batches = [data[i].batch(plans[i].last[e]) for i in alone]
+            step(_rows(alone, k, device), len(alone), [b[0] for b in batches], [b[1] for b in batches])
+
+
+def _rows(members: List[int], k: int, device) -> Any:
+    """``members`` (sorted stack positions) as a step's rows: None (all), a slice, or an index tensor."""
+    if len(members) == k:
+        return None
+    if members == list(range(members[0], members[-1] + 1)):
+        return slice(members[0], members[-1] + 1)
+    return torch.tensor(members, device=device)
 
 
 def _seed_host(seed: int) -> None:
@@ -580,9 +703,9 @@ class BatchedRunner:
                 state = {n: t.detach().clone() for n, t in form_tensors(form).items()}
                 plans = [client_plan(trainer, ph.epochs, ph.batch_size, ph.drop_last) for ph in form.phases]
                 # clients stack only with clients whose phases are alike
-                shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr, ph.drop_last, ph.aux)
-                              for ph in form.phases)
-                prepared[cid] = (state, plans, trainer.ctx, shape)
+                shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr, ph.drop_last, ph.aux,
+                               tuple(sorted((ph.lrs or {}).items()))) for ph in form.phases)
+                prepared[cid] = (state, plans, trainer.ctx, shape, form)
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
@@ -600,7 +723,7 @@ class BatchedRunner:
             return
         bound = self.bound(trainer, form)
         shapes: Dict[tuple, Dict[int, int]] = {}
-        for cid, (_, plans, _, shape) in prepared.items():
+        for cid, (_, plans, _, shape, _) in prepared.items():
             shapes.setdefault(shape, {})[cid] = sum(p.steps for p in plans)
         for steps in shapes.values():
             for group in group_by_steps(steps, bound):
@@ -615,12 +738,7 @@ class BatchedRunner:
         try:
             with deadline(None if limit is None else limit * len(group),
                           lambda: backend._hung_message(group[0], calls[group[0]].round)):
-                trainer = backend.batched_bind(group[0], False)  # any client's form: its losses and modules
-                try:
-                    form = trainer.batched_form()
-                    train_cfg = trainer.ctx.train_cfg
-                finally:
-                    backend.batched_release(group[0])
+                form, train_cfg = prepared[group[0]][4], prepared[group[0]][2].train_cfg  # any client's form
                 states, losses, aux = train_stacked(form, train_cfg, [prepared[c][0] for c in group],
                                                [prepared[c][1] for c in group],
                                                [prepared[c][2].train for c in group])
@@ -646,11 +764,11 @@ class BatchedRunner:
                                  detail=traceback.format_exc())
                 continue
             try:
-                form = tr.batched_form()
-                with torch.no_grad():
-                    for n, t in form_tensors(form).items():
+                with torch.no_grad():  # its trained tensors into its trainer's modules (as bound now)
+                    for n, t in form_tensors(tr.batched_form()).items():
                         t.copy_(state[n])
-                result = CallResult(cid, reply=form.reply(loss, prepared[cid][0], extra))
+                # the reply of the form built right after its batched_begin: it may hold what that computed
+                result = CallResult(cid, reply=prepared[cid][4].reply(loss, prepared[cid][0], extra))
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:

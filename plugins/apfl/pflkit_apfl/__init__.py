@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.func import functional_call
 
-from pflkit.core import (Algorithm, LocalSGDTrainer, Param, clip_gradients, host_copy, load_into, make_optimizer,
-                         positive, unit_interval)
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, Param, clip_gradients, host_copy,
+                         load_into, make_optimizer, positive, trained_names, unit_interval)
 
 from .equations import alpha_grad, alpha_step, mix
 
@@ -90,6 +90,51 @@ class APFLTrainer(LocalSGDTrainer):
         reply = super().on_fit(payload)
         reply["metrics"] = {"alpha": self.alpha, "mixed_loss": self._mixed_loss}
         return reply
+
+    # clients.batched: one phase over w, v and alpha (alpha by its projected step, not train.optimizer); the loss is
+    # the sum of FedAvg's loss on w and the mixture's loss (w detached in it), so each gets its own gradient
+    def _alpha_module(self) -> torch.nn.Module:
+        if getattr(self, "_alpha_holder", None) is None:
+            self._alpha_holder = torch.nn.Module()
+            self._alpha_holder.alpha = torch.nn.Parameter(
+                torch.tensor(self.alpha, dtype=torch.float64, device=self.ctx.device))
+        return self._alpha_holder
+
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        super().batched_begin(payload)
+        with torch.no_grad():
+            self._alpha_module().alpha.fill_(self.alpha)
+
+    def _batched_loss(self, x: torch.Tensor, y: torch.Tensor):
+        loss = self.loss(x, y)
+        alpha = self._alpha_module().alpha.to(torch.get_default_dtype())
+        w_now = [w.detach() for w in self.model.parameters()]
+        v_bar = {n: mix(v, w, alpha) for (n, v), w in zip(self.local.named_parameters(), w_now)}
+        mixed_loss = self.ctx.task.loss(functional_call(self.local, v_bar, (x,)), y)
+        return loss + mixed_loss, {"w_loss": loss.detach(), "mixed_loss": mixed_loss.detach(),
+                                   "steps": torch.ones_like(loss.detach())}
+
+    def batched_form(self) -> Optional[BatchedForm]:
+        hp, cfg = self.ctx.hp, self.ctx.train_cfg
+        if cfg.get("max_grad_norm"):
+            return None  # the sequential update clips w and v separately (two optimizers); the batched one would not
+        trains = trained_names(self.model, "model") + trained_names(self.local, "local")
+        projected = None
+        if bool(hp.adaptive):
+            alpha_lr = float(hp.alpha_lr) if hp.get("alpha_lr") is not None else float(cfg.lr)
+            trains.append("apfl.alpha")
+            projected = {"apfl.alpha": (alpha_lr, 0.0, 1.0)}
+        phase = BatchedPhase(self._batched_loss, trains, int(cfg.local_epochs), aux=True, projected=projected)
+
+        def reply(losses, start, aux):
+            steps = aux.get("steps", 0.0)
+            self.alpha = float(self._alpha_module().alpha)
+            self._mixed_loss = aux["mixed_loss"] / steps if steps else 0.0
+            return {"params": self.upload(), "num_samples": self.ctx.num_train,
+                    "train_loss": aux["w_loss"] / steps if steps else 0.0,
+                    "metrics": {"alpha": self.alpha, "mixed_loss": self._mixed_loss}}
+
+        return BatchedForm({"model": self.model, "local": self.local, "apfl": self._alpha_module()}, [phase], reply)
 
     def personal_forward(self):
         """v_bar = alpha v + (1 - alpha) w with the current w; batch-norm statistics (if any) are v's, which the

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from pflkit.core import (ClientContext, ClientTrainer, ConfigError, Param, PflError, host_copy, load_into,
-                         make_optimizer, non_negative, positive, run_sgd)
+from pflkit.core import (BatchedForm, BatchedPhase, ClientContext, ClientTrainer, ConfigError, Param, PflError,
+                         host_copy, load_into, make_optimizer, non_negative, positive, run_sgd, trained_names)
 
 from .equations import (EQ10_READINGS, class_level_losses, classifier_rows, influence_weights,
                         leave_one_out_mean, weighted_state, weighted_sum)
@@ -91,14 +91,39 @@ class FedC2ITrainer(ClientTrainer):
 
     # -- protocol ---------------------------------------------------------------------------------------------
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        cids, lam, class_lam = self._aggregate(payload)
+        self.model.train()
+        opt = make_optimizer(self.model.parameters(), self.ctx.train_cfg)
+        loss = run_sgd(self.batches(), self._train_loss, opt)
+        return self._fit_reply(cids, lam, class_lam, loss)
+
+    def _aggregate(self, payload: Dict[str, Any]) -> Tuple[List[int], torch.Tensor, torch.Tensor]:
         uploads = payload.get("uploads", {})
         if not isinstance(uploads, Mapping):
             raise PflError("fedc2i 'fit' message: 'uploads' must map client ids to model states")
         cids, states = self._relay_set(uploads)
         lam, class_lam = self.influence_aggregate(cids, states)
-        self.model.train()
-        opt = make_optimizer(self.model.parameters(), self.ctx.train_cfg)
-        loss = run_sgd(self.batches(), lambda x, y: self.ctx.task.loss(self.model(x), y), opt)
+        return cids, lam, class_lam
+
+    def _train_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.ctx.task.loss(self.model(x), y)
+
+    # clients.batched: the influence step runs per client (batched_begin), the local training is batched
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        self._influence = self._aggregate(payload)
+
+    def batched_form(self) -> BatchedForm:
+        phase = BatchedPhase(self._train_loss, trained_names(self.model, "model"),
+                             int(self.ctx.train_cfg.local_epochs))
+        influence = getattr(self, "_influence", None)  # this client's, computed by its batched_begin
+
+        def reply(losses, start, aux):
+            return self._fit_reply(*influence, losses[-1])
+
+        return BatchedForm({"model": self.model}, [phase], reply)
+
+    def _fit_reply(self, cids: List[int], lam: torch.Tensor, class_lam: torch.Tensor, loss: float
+                   ) -> Dict[str, Any]:
         own = cids.index(self.ctx.cid)
         metrics = {"self_influence": float(lam[own])}
         if self.ctx.hp.get("class_level", "influence") == "influence":  # Lambda is measured only then

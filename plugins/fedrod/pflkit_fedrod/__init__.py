@@ -21,13 +21,13 @@ clientrod.py does); ``bsm_gamma`` = 1 is Balanced Softmax proper (0 = plain cros
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
 
-from pflkit.core import (Algorithm, ClientContext, ConfigError, LocalSGDTrainer, Param, host_copy, load_into,
-                         make_optimizer, non_negative, positive, run_sgd)
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ClientContext, ConfigError, LocalSGDTrainer, Param,
+                         host_copy, load_into, make_optimizer, non_negative, positive, run_sgd, trained_names)
 
 from .equations import balanced_softmax_loss, class_counts, personalized_logits, personalized_loss
 
@@ -123,6 +123,45 @@ class FedRoDTrainer(LocalSGDTrainer):
         reply = super().on_fit(payload)
         reply["metrics"] = dict(self.last_losses)
         return reply
+
+    # clients.batched: the same local update as one phase over the model and the personal head (its own lr); the
+    # client's class counts N_{m,c} are a per-client buffer of the form
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        super().batched_begin(payload)
+        self._counts_module().counts = class_counts(self.ctx.train.y, self.ctx.task.output_dim)
+
+    def _counts_module(self) -> nn.Module:
+        if getattr(self, "_counts", None) is None:
+            self._counts = nn.Module()
+            self._counts.register_buffer("counts", class_counts(self.ctx.train.y, self.ctx.task.output_dim))
+        return self._counts
+
+    def _batched_loss(self, x: torch.Tensor, y: torch.Tensor):
+        z = self.model.features(x)
+        generic = self.model.head(z)
+        gamma = float(self.ctx.hp.get("bsm_gamma", 1.0))
+        l_bsm = balanced_softmax_loss(generic, y, self._counts_module().counts, gamma)
+        l_personal = personalized_loss(generic, self.personal_head(z.detach()), y)
+        one = torch.ones_like(l_bsm.detach())
+        return l_bsm + l_personal, {"bsm_loss": l_bsm.detach(), "personal_loss": l_personal.detach(), "steps": one}
+
+    def batched_form(self) -> Optional[BatchedForm]:
+        if self.ctx.train_cfg.get("max_grad_norm"):
+            return None  # the sequential update steps its two optimizers unclipped; the batched one would clip
+        personal = trained_names(self.personal_head, "personal_head")
+        lr = self.ctx.hp.get("personal_lr")
+        phase = BatchedPhase(self._batched_loss, trained_names(self.model, "model") + personal,
+                             int(self.ctx.train_cfg.local_epochs), aux=True,
+                             lrs=None if lr is None else {n: float(lr) for n in personal})
+
+        def reply(losses, start, aux):
+            steps = aux.get("steps", 0.0)
+            self.last_losses = {k: aux[k] / steps if steps else 0.0 for k in ("bsm_loss", "personal_loss")}
+            return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1],
+                    "metrics": dict(self.last_losses)}
+
+        return BatchedForm({"model": self.model, "personal_head": self.personal_head,
+                            "counts": self._counts_module()}, [phase], reply)
 
     # evaluation -------------------------------------------------------------------------------------------------
     def personal_forward(self):
