@@ -281,22 +281,28 @@ class _Grads:
         return self._backward(value, leaves)
 
     def solo(self, params: Sequence[torch.Tensor], consts: Sequence[torch.Tensor], xs, ys):
-        """``xs``, ``ys``: stacked, or one batch per client (of any sizes)."""
-        per_grads, losses, extras = [], [], []
-        for i in range(len(xs)):
-            leaves = tuple(p[i].detach().requires_grad_() for p in params)
-            with torch.enable_grad():
+        """``xs``, ``ys``: stacked, or one batch per client (of any sizes). One plain forward pass per client, then
+        one backward pass of the summed losses (the autograd engine runs once per step, not once per client)."""
+        per_leaves, losses, extras = [], [], []
+        with torch.enable_grad():
+            for i in range(len(xs)):
+                leaves = tuple(p[i].detach().requires_grad_() for p in params)
                 value = self.swap(leaves + tuple(c[i] for c in consts), xs[i], ys[i])
-            g, v = self._backward(value, leaves)
-            per_grads.append(g)
-            if self.aux:
-                v, extra = v
-                extras.append(extra)
-            losses.append(v)
-        grads = [torch.stack(gs) for gs in zip(*per_grads)]
+                if self.aux:
+                    value, extra = value
+                    extras.append({n: v.detach() for n, v in extra.items()})
+                per_leaves.append(leaves)
+                losses.append(value)
+            loss = torch.stack(losses)
+        flat = [t for leaves in per_leaves for t in leaves]
+        got = torch.autograd.grad(loss.sum(), flat, allow_unused=True)
+        got = [torch.zeros_like(t) if g is None else g for t, g in zip(flat, got)]
+        n = len(params)
+        grads = [torch.stack(got[j::n]) for j in range(n)]
+        loss = loss.detach()
         if self.aux:
-            return grads, (torch.stack(losses), {n: torch.stack([e[n] for e in extras]) for n in extras[0]})
-        return grads, torch.stack(losses)
+            return grads, (loss, {name: torch.stack([e[name] for e in extras]) for name in extras[0]})
+        return grads, loss
 
 
 def form_tensors(form: BatchedForm) -> Dict[str, torch.Tensor]:
@@ -764,11 +770,14 @@ class BatchedRunner:
                                  detail=traceback.format_exc())
                 continue
             try:
-                with torch.no_grad():  # its trained tensors into its trainer's modules (as bound now)
-                    for n, t in form_tensors(tr.batched_form()).items():
+                # its trained tensors into the modules of the form its trainer built right after its batched_begin
+                # (the trainer's own modules, as bound now: no second batched_form() per client), whose reply may
+                # hold what batched_begin computed
+                own = prepared[cid][4]
+                with torch.no_grad():
+                    for n, t in form_tensors(own).items():
                         t.copy_(state[n])
-                # the reply of the form built right after its batched_begin: it may hold what that computed
-                result = CallResult(cid, reply=prepared[cid][4].reply(loss, prepared[cid][0], extra))
+                result = CallResult(cid, reply=own.reply(loss, prepared[cid][0], extra))
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
