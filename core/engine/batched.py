@@ -9,12 +9,12 @@ replayed from its own seeded generator exactly as the sequential path draws it (
 
 Ragged clients: within an epoch every client's full batches come first and its last, smaller batch (if any) last;
 the stack runs the epoch's full-batch steps together and then the last batches, one call per distinct size (on CPU
-the sizes with too few clients to stack share one step of plain per-client passes). A client with fewer steps sits
-the remaining steps out: the step runs on the sub-stack of active clients only, so an inactive client's
-parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step). The stack is ordered
-by step count, most first, so the active clients are a prefix and a step works on views of the stacked tensors;
-clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as many as half the
-free device memory holds), to keep the idle slots few.
+the sizes with too few clients to stack share one step: plain per-client forward passes, one backward pass). A
+client with fewer steps sits the remaining steps out: the step runs on the sub-stack of active clients only, so an
+inactive client's parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step). The
+stack is ordered by step count, most first, so the active clients are a prefix and a step works on views of the
+stacked tensors; clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as
+many as half the free device memory holds), to keep the idle slots few.
 
 Which trainers batch: those with a batched form (``batched_begin`` + ``batched_form``, core/api/batching.py) that
 covers their fit path. ``LocalSGDTrainer``'s form (one phase on the trainer's own ``loss``) covers every subclass that
@@ -55,7 +55,7 @@ log = logging.getLogger("pflkit")
 MODES = ("auto", "on", "off")
 # the methods of a local update's fit path: a trainer that keeps LocalSGDTrainer's has a derivable functional form
 FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches", "batched_begin")
-SOLO_CLIENTS = 4  # on CPU a step of this many clients or fewer runs them one by one (cheaper than a vmap call)
+SOLO_CLIENTS = 4  # on CPU a step of this many clients or fewer runs plain forward passes (cheaper than a vmap call)
 # a step of this many clients or more takes vmap(grad(...)) instead of a vmapped forward and one backward pass: on a
 # CPU the former's fixed cost is higher (64-100-10 MLP, batch 10: 0.57 against 0.38 ms), its backward over a large
 # stack faster (64 clients: 0.98 against 0.93 ms; 100 clients: 1.36 against 1.97 ms)
@@ -246,8 +246,8 @@ class _Grads:
     """Per stacked client, the gradients of a phase's loss with respect to its trained tensors and the loss (with
     ``aux``, also the loss's dict of scalars), for all clients at once: one ``vmap`` of the forward pass over the
     stacked tensors, then one ordinary backward pass of the sum of the clients' losses (the clients share nothing, so
-    each client's gradient is its own loss's). On CPU a few clients run one plain autograd pass each instead: a vmap
-    call has a fixed cost of a few sequential steps."""
+    each client's gradient is its own loss's). On CPU a few clients run one plain forward pass each and share one
+    backward pass instead: a vmap call has a fixed cost of a few sequential steps."""
 
     def __init__(self, holder: _Modules, loss: Callable, trains: Sequence[str], consts: Sequence[str],
                  aux: bool = False) -> None:
