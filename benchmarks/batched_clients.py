@@ -17,6 +17,7 @@ when its files are present (``--data-root``; ``fl data install fmnist``). Run wi
     OMP_NUM_THREADS=1 python benchmarks/batched_clients.py --quick              # FedAvg, 20 clients only
     OMP_NUM_THREADS=1 python benchmarks/batched_clients.py --fmnist --data-root DIR
     OMP_NUM_THREADS=1 python benchmarks/batched_clients.py --micro              # one vmap call vs one client step
+    OMP_NUM_THREADS=1 python benchmarks/batched_clients.py --breakdown          # where a FedAvg round's time goes
 """
 from __future__ import annotations
 
@@ -130,6 +131,56 @@ def micro(repeats: int = 200) -> None:
               f"vmap forward + one backward {timed(forward_then_backward):.3f} ms")
 
 
+def breakdown(partition: str, rounds: int = 20) -> None:
+    """Where a round's time goes, FedAvg, digits MLP, 20 clients, batch 10, per path: the stacked training
+    (``train_stacked``), the reply vetting (``Communicator.vet``: privacy guard, NaN/Inf, layout), the pooled
+    client-state swaps (``TrainerPool.bind`` / ``release``) and the rest (receiving, uploading, aggregating). The paths
+    run one after the other, ``rounds`` rounds each after a warm-up round, the timers wrapped around those calls."""
+    import functools
+    from collections import Counter
+
+    from pflkit.core.api import clientstate
+    from pflkit.core.engine import batched, comm
+
+    spent: Counter = Counter()
+
+    def timed(owner: Any, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[label] += time.perf_counter() - start
+        setattr(owner, name, wrapper)
+
+    timed(batched, "train_stacked", "stacked training")
+    timed(comm.Communicator, "vet", "reply vetting")
+    timed(clientstate.TrainerPool, "bind", "state swap in")
+    timed(clientstate.TrainerPool, "release", "state swap out")
+    sets = ["device=cpu", "train.batch_size=10", "train.local_epochs=1", f"partition.name={partition}",
+            "dataset.name=digits", "model.name=mlp", "model.hidden=[100]", "partition.num_clients=20"]
+    print(f"FedAvg, digits mlp 64-100-10, 20 clients, partition {partition}: ms per round (mean of {rounds})")
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("off", "on"):
+            sim = build("fedavg", mode, Path(tmp), sets)
+            one_round(sim, 1, False)
+            spent.clear()
+            start = time.perf_counter()
+            for rnd in range(2, rounds + 2):
+                one_round(sim, rnd, False)
+            total = (time.perf_counter() - start) / rounds * 1e3
+            parts = {k: v / rounds * 1e3 for k, v in spent.items()}
+            rest = total - sum(parts.values())
+            print(f"  {'batched' if mode == 'on' else 'sequential':10} round {total:6.2f}: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in parts.items()) + f", the rest {rest:.2f}")
+            sim.logger.close()
+            sim.rundir.release()
+            sim.backend.close()
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     import torch
 
@@ -142,11 +193,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--algorithms", default="fedavg,fedrep,ditto,fedcp")
     ap.add_argument("--micro", action="store_true", help="only the cost of one vmap call against one client step")
+    ap.add_argument("--breakdown", action="store_true", help="only where a FedAvg round's time goes, per path")
     ap.add_argument("--partition", default="dirichlet",
                     help="partition.name (dirichlet: the default, alpha 0.1, very unequal client sizes; iid: equal)")
     args = ap.parse_args(argv)
     if args.micro:
         micro()
+        return
+    if args.breakdown:
+        breakdown(args.partition)
         return
     cuda = args.device.startswith("cuda")
     common = [f"device={args.device}", "train.batch_size=10", "train.local_epochs=1", f"partition.name={args.partition}"]

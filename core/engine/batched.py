@@ -9,12 +9,12 @@ replayed from its own seeded generator exactly as the sequential path draws it (
 
 Ragged clients: within an epoch every client's full batches come first and its last, smaller batch (if any) last;
 the stack runs the epoch's full-batch steps together and then the last batches, one call per distinct size (on CPU
-the sizes with too few clients to stack share one step of plain per-client passes). A client with fewer steps sits
-the remaining steps out: the step runs on the sub-stack of active clients only, so an inactive client's
-parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step). The stack is ordered
-by step count, most first, so the active clients are a prefix and a step works on views of the stacked tensors;
-clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as many as half the
-free device memory holds), to keep the idle slots few.
+the sizes with too few clients to stack share one step: plain per-client forward passes, one backward pass). A
+client with fewer steps sits the remaining steps out: the step runs on the sub-stack of active clients only, so an
+inactive client's parameters, buffers, momentum and Adam state are not touched at all (the masked no-op step). The
+stack is ordered by step count, most first, so the active clients are a prefix and a step works on views of the
+stacked tensors; clients are grouped by step count, at most ``clients.stack`` per group (on CUDA, by default, as
+many as half the free device memory holds), to keep the idle slots few.
 
 Which trainers batch: those with a batched form (``batched_begin`` + ``batched_form``, core/api/batching.py) that
 covers their fit path. ``LocalSGDTrainer``'s form (one phase on the trainer's own ``loss``) covers every subclass that
@@ -55,7 +55,7 @@ log = logging.getLogger("pflkit")
 MODES = ("auto", "on", "off")
 # the methods of a local update's fit path: a trainer that keeps LocalSGDTrainer's has a derivable functional form
 FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches", "batched_begin")
-SOLO_CLIENTS = 4  # on CPU a step of this many clients or fewer runs them one by one (cheaper than a vmap call)
+SOLO_CLIENTS = 4  # on CPU a step of this many clients or fewer runs plain forward passes (cheaper than a vmap call)
 # a step of this many clients or more takes vmap(grad(...)) instead of a vmapped forward and one backward pass: on a
 # CPU the former's fixed cost is higher (64-100-10 MLP, batch 10: 0.57 against 0.38 ms), its backward over a large
 # stack faster (64 clients: 0.98 against 0.93 ms; 100 clients: 1.36 against 1.97 ms)
@@ -246,8 +246,8 @@ class _Grads:
     """Per stacked client, the gradients of a phase's loss with respect to its trained tensors and the loss (with
     ``aux``, also the loss's dict of scalars), for all clients at once: one ``vmap`` of the forward pass over the
     stacked tensors, then one ordinary backward pass of the sum of the clients' losses (the clients share nothing, so
-    each client's gradient is its own loss's). On CPU a few clients run one plain autograd pass each instead: a vmap
-    call has a fixed cost of a few sequential steps."""
+    each client's gradient is its own loss's). On CPU a few clients run one plain forward pass each and share one
+    backward pass instead: a vmap call has a fixed cost of a few sequential steps."""
 
     def __init__(self, holder: _Modules, loss: Callable, trains: Sequence[str], consts: Sequence[str],
                  aux: bool = False) -> None:
@@ -281,22 +281,28 @@ class _Grads:
         return self._backward(value, leaves)
 
     def solo(self, params: Sequence[torch.Tensor], consts: Sequence[torch.Tensor], xs, ys):
-        """``xs``, ``ys``: stacked, or one batch per client (of any sizes)."""
-        per_grads, losses, extras = [], [], []
-        for i in range(len(xs)):
-            leaves = tuple(p[i].detach().requires_grad_() for p in params)
-            with torch.enable_grad():
+        """``xs``, ``ys``: stacked, or one batch per client (of any sizes). One plain forward pass per client, then
+        one backward pass of the summed losses (the autograd engine runs once per step, not once per client)."""
+        per_leaves, losses, extras = [], [], []
+        with torch.enable_grad():
+            for i in range(len(xs)):
+                leaves = tuple(p[i].detach().requires_grad_() for p in params)
                 value = self.swap(leaves + tuple(c[i] for c in consts), xs[i], ys[i])
-            g, v = self._backward(value, leaves)
-            per_grads.append(g)
-            if self.aux:
-                v, extra = v
-                extras.append(extra)
-            losses.append(v)
-        grads = [torch.stack(gs) for gs in zip(*per_grads)]
+                if self.aux:
+                    value, extra = value
+                    extras.append({n: v.detach() for n, v in extra.items()})
+                per_leaves.append(leaves)
+                losses.append(value)
+            loss = torch.stack(losses)
+        flat = [t for leaves in per_leaves for t in leaves]
+        got = torch.autograd.grad(loss.sum(), flat, allow_unused=True)
+        got = [torch.zeros_like(t) if g is None else g for t, g in zip(flat, got)]
+        n = len(params)
+        grads = [torch.stack(got[j::n]) for j in range(n)]
+        loss = loss.detach()
         if self.aux:
-            return grads, (torch.stack(losses), {n: torch.stack([e[n] for e in extras]) for n in extras[0]})
-        return grads, torch.stack(losses)
+            return grads, (loss, {name: torch.stack([e[name] for e in extras]) for name in extras[0]})
+        return grads, loss
 
 
 def form_tensors(form: BatchedForm) -> Dict[str, torch.Tensor]:
@@ -764,11 +770,14 @@ class BatchedRunner:
                                  detail=traceback.format_exc())
                 continue
             try:
-                with torch.no_grad():  # its trained tensors into its trainer's modules (as bound now)
-                    for n, t in form_tensors(tr.batched_form()).items():
+                # its trained tensors into the modules of the form its trainer built right after its batched_begin
+                # (the trainer's own modules, as bound now: no second batched_form() per client), whose reply may
+                # hold what batched_begin computed
+                own = prepared[cid][4]
+                with torch.no_grad():
+                    for n, t in form_tensors(own).items():
                         t.copy_(state[n])
-                # the reply of the form built right after its batched_begin: it may hold what that computed
-                result = CallResult(cid, reply=prepared[cid][4].reply(loss, prepared[cid][0], extra))
+                result = CallResult(cid, reply=own.reply(loss, prepared[cid][0], extra))
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
