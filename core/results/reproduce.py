@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -139,12 +140,23 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     out_dir = Path(out_dir)
     results: Dict[Tuple[str, str], Dict[str, Any]] = {}
     incomplete = 0
+    done: Dict[str, Dict[str, Any]] = {}  # columns of one setting scored differently share one comparison
+    specs = [r.spec() for r in chosen_rows]
     for column in chosen_cols:
-        echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} seeds")
-        specs = [r.spec() for r in chosen_rows]
-        comparison = run_comparison(specs, list(seeds), [table.layer(column, quick)], out_dir / column.id,
-                                    jobs=jobs, echo=lambda line: echo(f"{tag}{line}"))
-        incomplete += len(comparison["not_in_table"])
+        layer = table.layer(column, quick)
+        key = json.dumps(layer, sort_keys=True, default=str)
+        if key in done:
+            comparison = done[key]
+            echo(f"{tag}{table.name} column {column.id} ({column.label}): the runs of column "
+                 f"{comparison['column']}, scored by {column.metric['pflkit']}")
+        else:
+            echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} "
+                 f"seeds in {out_dir / column.id}")
+            comparison = run_comparison(specs, list(seeds), [layer], out_dir / column.id, jobs=jobs,
+                                        echo=lambda line: echo(f"{tag}{line}"))
+            comparison["column"] = column.id
+            done[key] = comparison
+            incomplete += len(comparison["not_in_table"])
         by_label = {parse_entry(s).label: r for s, r in zip(specs, chosen_rows)}
         for label, entry in comparison["results"].items():
             row = by_label[label]
