@@ -95,7 +95,10 @@ def tiny_file(tmp_path):
 def test_check_passes_over_every_installed_table():
     result = run("--check")
     assert result.exit_code == 0, result.output
-    assert "pcfl:table3: ok (9 rows x 3 columns, 27 cells resolved)" in result.output
+    for line in ("pcfl:table1: ok (12 rows x 1 columns, 12 cells resolved)",
+                 "pcfl:table2: ok (12 rows x 1 columns, 12 cells resolved)",
+                 "pcfl:table3: ok (9 rows x 3 columns, 27 cells resolved)"):
+        assert line in result.output
     assert len(result.output.splitlines()) == len(reg.TABLES.names())
 
 
@@ -103,6 +106,8 @@ def test_list_lists_tables_with_their_datasets(tmp_path, monkeypatch):
     monkeypatch.setenv("PFLKIT_DATA", str(tmp_path))  # nothing installed there
     result = run("--list")
     assert result.exit_code == 0, result.output
+    assert "pcfl:table1: Precision Collaboration" in result.output and "acc (ACC (%)): dataset cifar10, unchecked" \
+        in result.output
     assert "pcfl:table3: Precision Collaboration for Federated Learning" in result.output
     assert f"phd (PhD): dataset adult, MISSING (absent from {tmp_path}: fl data install adult)" in result.output
     listed = CliRunner().invoke(cli, ["list", "tables"])
@@ -214,4 +219,13 @@ def test_missing_data_named_before_any_run(tmp_path, tiny_file):
     assert "missing data, nothing run" in line
     assert f"column mean: dataset adult absent from {tmp_path / 'empty'}: fl data install adult --root " \
            f"{tmp_path / 'empty'}" in line
+    assert not out.exists()
+
+
+def test_missing_files_of_a_dataset_without_package_are_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLKIT_DATA", str(tmp_path / "empty"))
+    out = tmp_path / "out"
+    line = one_line_error(run("pcfl:table1", "--scale", "quick", "--seeds", "0", "--out", str(out)))
+    assert "missing data, nothing run: column acc: dataset 'cifar10': 7 file(s) missing" in line
+    assert "cifar-10-batches-py/data_batch_1" in line
     assert not out.exists()

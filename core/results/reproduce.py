@@ -40,8 +40,8 @@ def _select(what: str, wanted: Optional[Sequence[str]], have: Sequence[str]) -> 
     return list(wanted)
 
 
-def data_status(cfg: Any, load: bool) -> Tuple[bool, str]:
-    """(present, words) for a resolved config's dataset. A dataset a registry package provides is present when its
+def data_status(cfg: Any, load: bool) -> Tuple[Optional[bool], str]:
+    """(present, words; present None: not checked) for a resolved config's dataset. A dataset a registry package provides is present when its
     files are in ``dataset.root`` (the core's rule, ``dataset_root``); its absence names the ``fl data install``
     command. Any other dataset is checked by loading it when ``load`` (its loader names the files to place), and
     reported as not checked otherwise."""
@@ -55,9 +55,9 @@ def data_status(cfg: Any, load: bool) -> Tuple[bool, str]:
         if found:
             return True, f"present in {found}"
         hint = f" --root {root}" if root not in (None, "") else ""
-        return False, f"absent from {base}: fl data install {name}{hint}"
+        return False, f"dataset {name} absent from {base}: fl data install {name}{hint}"
     if not load:
-        return True, "no registry package; checked by loading it when run"
+        return None, "no registry package: not checked here, checked by loading it before a run"
     try:
         load_dataset(cfg)
     except DataError as exc:
@@ -80,8 +80,9 @@ def list_lines(tables: Sequence[Table]) -> List[str]:
             try:
                 cfg = _column_cfg(t, column, False)
                 present, words = data_status(cfg, load=False)
-                out.append(f"  {column.id} ({column.label}): dataset {cfg.dataset.name}, "
-                           f"{'present' if present else 'MISSING'} ({words})")
+                state = "unchecked" if present is None else "present" if present else "MISSING"
+                words = words.replace(f"dataset {cfg.dataset.name} ", "")
+                out.append(f"  {column.id} ({column.label}): dataset {cfg.dataset.name}, {state} ({words})")
             except PflError as exc:
                 out.append(f"  {column.id} ({column.label}): cannot resolve its config ({exc})")
     return out
@@ -94,7 +95,7 @@ def missing_data(table: Table, columns: Sequence[Column], quick: bool) -> List[s
         cfg = _column_cfg(table, column, quick)
         present, words = data_status(cfg, load=True)
         if not present:
-            out.append(f"column {column.id}: dataset {cfg.dataset.name} {words}")
+            out.append(f"column {column.id}: {words}")
     return out
 
 
