@@ -200,12 +200,14 @@ def test_quick_reproduction_end_to_end(tmp_path, tiny_file):
         if line.startswith("[") or "column" in line:
             assert QUICK_LABEL in line, line
 
-    # rerun: every run is reused (resumable through fl compare)
+    # rerun of a narrower selection: every run is reused (resumable through fl compare), also for a column whose
+    # runs were made under another column of the same setting
     again = run("--table-file", str(tiny_file), "--scale", "quick", "--seeds", "0,1", "--out", str(out),
-                "--rows", "fedavg", "--cols", "mean")
+                "--rows", "fedavg", "--cols", "worst")
     assert again.exit_code == 0, again.output
     assert again.output.count("reused, finished earlier") == 2
-    assert [r["row"] for r in csv.DictReader((out / "results.csv").open())] == ["fedavg"]
+    assert [(r["row"], r["column"]) for r in csv.DictReader((out / "results.csv").open())] == [("fedavg", "worst")]
+    assert not (out / "worst").exists()
 
 
 def test_missing_data_named_before_any_run(tmp_path, tiny_file):

@@ -143,6 +143,9 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     incomplete = 0
     done: Dict[str, Dict[str, Any]] = {}  # columns of one setting scored differently share one comparison
     specs = [r.spec() for r in chosen_rows]
+    home: Dict[str, str] = {}  # setting -> the folder of its comparison: the table's first column of that setting,
+    for column in table.columns:  # whichever columns are selected, so a narrower --cols reuses the runs
+        home.setdefault(json.dumps(table.layer(column, quick), sort_keys=True, default=str), column.id)
     for column in chosen_cols:
         layer = table.layer(column, quick)
         key = json.dumps(layer, sort_keys=True, default=str)
@@ -151,9 +154,10 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
             echo(f"{tag}{table.name} column {column.id} ({column.label}): the runs of column "
                  f"{comparison['column']}, scored by {column.metric['pflkit']}")
         else:
+            folder = out_dir / home[key]
             echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} "
-                 f"seeds in {out_dir / column.id}")
-            comparison = run_comparison(specs, list(seeds), [layer], out_dir / column.id, jobs=jobs,
+                 f"seeds in {folder}")
+            comparison = run_comparison(specs, list(seeds), [layer], folder, jobs=jobs,
                                         echo=lambda line: echo(f"{tag}{line}"))
             comparison["column"] = column.id
             done[key] = comparison
