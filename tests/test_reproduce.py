@@ -231,3 +231,20 @@ def test_missing_files_of_a_dataset_without_package_are_named(tmp_path, monkeypa
     assert "missing data, nothing run: column acc: dataset 'cifar10': 7 file(s) missing" in line
     assert "cifar-10-batches-py/data_batch_1" in line
     assert not out.exists()
+
+
+def test_a_table_entry_that_fails_to_load_is_reported_not_raised():
+    try:
+        import importlib_metadata as metadata
+    except ImportError:  # pragma: no cover
+        from importlib import metadata
+    tables = reg.Registry("table", "pflkit.tables-test", load_entry=reg.load_table_entry)
+    tables._discovered = True
+    for name, value in (("x:absent", "pflkit_pcfl.tables:absent.toml"), ("x:ok", "pflkit_pcfl.tables:table3.toml")):
+        entry = reg.Entry(name, "table", value, "pflkit-x", "0")
+        entry._ep = metadata.EntryPoint(name=name, value=value, group="pflkit.tables-test")
+        tables._entries[name] = entry
+    failures = tables.load_all()
+    assert [f.name for f in failures] == ["x:absent"]
+    assert "table 'x:absent' from distribution 'pflkit-x' failed to load: FileNotFoundError" in str(failures[0])
+    assert tables.get("x:ok").data["paper"]["table"] == 3
