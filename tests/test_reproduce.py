@@ -112,6 +112,9 @@ def test_list_lists_tables_with_their_datasets(tmp_path, monkeypatch):
     assert f"phd (PhD): dataset adult, MISSING (absent from {tmp_path}: fl data install adult)" in result.output
     listed = CliRunner().invoke(cli, ["list", "tables"])
     assert "pcfl:table3" in listed.output and "pflkit-pcfl" in listed.output
+    shown = CliRunner().invoke(cli, ["show", "pcfl:table3"])
+    assert shown.exit_code == 0, shown.output
+    assert "from pflkit_pcfl.tables:table3.toml; run it: fl reproduce pcfl:table3" in shown.output
 
 
 def test_table_registered_in_process_is_listed_and_checked(registries_snapshot):
