@@ -45,7 +45,7 @@ _EXPORTS: Dict[str, str] = {
     # registries
     "ALGORITHMS": ".api.registry", "TRAINERS": ".api.registry", "AGGREGATORS": ".api.registry",
     "DATASETS": ".api.registry", "PARTITIONERS": ".api.registry", "MODELS": ".api.registry",
-    "ALL_REGISTRIES": ".api.registry",
+    "ALL_REGISTRIES": ".api.registry", "TABLES": ".api.registry",
     # errors
     "PflError": ".common.errors", "ConfigError": ".common.errors", "DataError": ".common.errors",
     "PluginError": ".common.errors", "UnknownNameError": ".common.errors", "CheckpointError": ".common.errors",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from ..common.errors import PluginError, UnknownNameError, unknown_name  # noqa: F401 (re-exported)
 
@@ -56,6 +56,8 @@ class Registry:
     _conflicts: Dict[str, List[Entry]] = field(default_factory=dict)
     _failures: Dict[str, LoadFailure] = field(default_factory=dict)
     _discovered: bool = False
+    # how an entry point becomes the object (default: import ``module:attr``); the tables kind reads a data file
+    load_entry: Optional[Callable[[Any], Any]] = None
 
     # -- discovery -------------------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -133,7 +135,8 @@ class Registry:
             raise unknown_name_of_any_length(self.kind, name, self.names())
         if not entry.loaded:
             try:
-                entry.obj = entry._ep.load()  # type: ignore[attr-defined]
+                ep = entry._ep  # type: ignore[attr-defined]
+                entry.obj = self.load_entry(ep) if self.load_entry is not None else ep.load()
                 entry.loaded = True
             except (Exception, SystemExit) as exc:  # any import-time failure of a plugin is reported, not raised
                 failure = LoadFailure(self.kind, name, entry.dist, f"{type(exc).__name__}: {exc}",
@@ -163,9 +166,59 @@ TRAINERS = Registry("trainer", f"{GROUP_PREFIX}.trainers")
 AGGREGATORS = Registry("aggregator", f"{GROUP_PREFIX}.aggregators")
 ALGORITHMS = Registry("algorithm", f"{GROUP_PREFIX}.algorithms")
 
+
+TABLE_FILE_LIMIT = 1 << 20  # bytes: a table file is a page of TOML; a larger one is not a table
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """A paper's table as published by a plugin: a TOML data file, parsed (never executed). Its schema is checked
+    by ``pflkit.core.results.tables`` when it is used."""
+
+    origin: str  # "package:file.toml" for an entry point, the path for a file given on the command line
+    data: Dict[str, Any]
+
+    @property
+    def description(self) -> str:
+        paper = self.data.get("paper") if isinstance(self.data.get("paper"), dict) else {}
+        title, number = paper.get("title", "?"), paper.get("table", "?")
+        return f"{title}, Table {number}: {paper.get('caption', '')}".rstrip(": ")
+
+
+def parse_table_text(text: str, origin: str) -> TableFile:
+    """A table file's text -> TableFile (TOML; a key given twice is refused by TOML itself)."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(text)
+    except Exception as exc:
+        raise PluginError(f"table file {origin} is not valid TOML: {exc}") from None
+    return TableFile(origin, data)
+
+
+def load_table_entry(ep: Any) -> TableFile:
+    """An entry point of ``pflkit.tables``: ``name = package:file.toml`` names a data file inside ``package``."""
+    import importlib.resources
+
+    if not ep.attr:
+        raise PluginError(f"table entry point {ep.value!r}: expected package:file.toml")
+    resource = importlib.resources.files(ep.module).joinpath(ep.attr)
+    data = resource.read_bytes()
+    if len(data) > TABLE_FILE_LIMIT:
+        raise PluginError(f"table file {ep.value} is {len(data)} bytes; a table file is at most {TABLE_FILE_LIMIT}")
+    return parse_table_text(data.decode("utf-8"), ep.value)
+
+
+TABLES = Registry("table", f"{GROUP_PREFIX}.tables", load_entry=load_table_entry)
+
 ALL_REGISTRIES: Dict[str, Registry] = {
     "datasets": DATASETS, "partitioners": PARTITIONERS, "models": MODELS,
     "trainers": TRAINERS, "aggregators": AGGREGATORS, "algorithms": ALGORITHMS,
+    "tables": TABLES,
 }
 
 

@@ -153,6 +153,10 @@ def show_command(name: str) -> None:
         if kind != "algorithms" and name in registry.names():
             comp = registry.get(name)
             click.echo(f"{registry.kind} {name}: {reg.describe(comp)}")
+            if kind == "tables":  # data, not a component: no options
+                click.echo(f"  from {comp.origin}; run it: fl reproduce {name} (its columns and data: "
+                           f"fl reproduce --list)")
+                return
             section = {"datasets": "dataset", "partitioners": "partition", "models": "model",
                        "trainers": "trainer", "aggregators": "aggregator"}[kind]
             lines = _param_lines(component_params(comp), f"{section}.", {})

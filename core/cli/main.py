@@ -36,6 +36,9 @@ def _register_commands() -> None:
     from .data import data_command
 
     cli.add_command(data_command)
+    from .reproduce import reproduce_command
+
+    cli.add_command(reproduce_command)
 
 
 _register_commands()

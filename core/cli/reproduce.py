@@ -1,0 +1,92 @@
+"""``fl reproduce``: run a paper's table (published by a plugin as data) and set pflkit's numbers beside the paper's."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import click
+
+from ..api import registry as reg
+from ..common.errors import ConfigError
+from .common import friendly_errors
+from .compare import _names, _seeds
+
+
+def _tables(table_file: Optional[str]) -> List:
+    from ..results.tables import installed_table, parse_table, read_table_file
+
+    if table_file:
+        name, source = read_table_file(table_file)
+        return [parse_table(name, source)]
+    failures = reg.TABLES.load_all()
+    if failures:
+        raise ConfigError(f"{failures[0]} (fl list tables shows every table that loads)")
+    return [installed_table(name) for name in reg.TABLES.names()]
+
+
+@click.command("reproduce")
+@click.argument("table", required=False)
+@click.option("--list", "do_list", is_flag=True, help="List every table, its columns' datasets and whether their "
+                                                        "data are present.")
+@click.option("--check", "do_check", is_flag=True, help="Validate every table offline (schema, known algorithms, "
+                                                          "valid options and configs, numbers present).")
+@click.option("--table-file", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="Use this table file instead of the installed tables (e.g. one you are writing).")
+@click.option("--rows", default=None, metavar="A,B", help="Only these rows (method ids).")
+@click.option("--cols", default=None, metavar="X,Y", help="Only these columns.")
+@click.option("--seeds", default="0,1,2", show_default=True, metavar="S1,S2,...", help="Seeds of every cell.")
+@click.option("--scale", default="paper", show_default=True, type=click.Choice(["paper", "quick"]),
+              help="paper: the table's settings; quick: fewer rounds and a fraction of the data (labelled as such "
+                   "in every output line: not the paper's setting).")
+@click.option("--out", "-o", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Output folder (default: reproduce-<table>-<scale>): results.md, results.csv and one fl compare "
+                   "folder per column (resumable).")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1), help="Runs at a time.")
+@friendly_errors
+def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table_file: Optional[str],
+                      rows: Optional[str], cols: Optional[str], seeds: str, scale: str, out_dir: Optional[str],
+                      jobs: int) -> None:
+    """Run TABLE (fl reproduce --list) and write the paper's numbers beside pflkit's.
+
+    Every cell runs through fl compare (one comparison per column, finished runs reused). results.md and results.csv
+    hold per cell the paper's number, pflkit's mean ± std over seeds, the difference and whether pflkit's mean lies
+    within the paper's spread, and the rows ranked both ways. Missing data are named, with the fl data install
+    command or the files to place, before anything runs (exit 2).
+    """
+    from ..results.reproduce import QUICK_LABEL, list_lines, reproduce
+    from ..results.tables import check_table
+
+    if do_list or do_check:
+        if table is not None:
+            raise ConfigError("--list and --check cover every table; leave out TABLE")
+        tables = _tables(table_file)
+        if do_list:
+            for line in list_lines(tables):
+                click.echo(line)
+        if do_check:
+            for t in tables:
+                cells = check_table(t)
+                click.echo(f"{t.name}: ok ({len(t.rows)} rows x {len(t.columns)} columns, {cells} cells resolved)")
+        return
+    tables = _tables(table_file)
+    if table is None:
+        if not table_file:
+            raise ConfigError(f"name a table ({', '.join(t.name for t in tables) or 'none installed'}), or use "
+                              f"--list / --check")
+        chosen = tables[0]
+    else:
+        from ..results.tables import installed_table
+
+        chosen = tables[0] if table_file else installed_table(table)
+    check_table(chosen)
+    out = Path(out_dir or f"reproduce-{chosen.name.replace(':', '-')}-{scale}")
+    report = reproduce(chosen, out, rows=_names(rows, "rows") if rows else None,
+                       cols=_names(cols, "cols") if cols else None, seeds=_seeds(seeds), scale=scale, jobs=jobs,
+                       echo=click.echo)
+    click.echo(report["markdown"])
+    tag = f"[{QUICK_LABEL}] " if scale == "quick" else ""
+    click.echo(f"{tag}table: {report['files']['markdown']}  (csv: {report['files']['csv']})")
+    if report["incomplete"]:
+        click.echo(f"{tag}{report['incomplete']} run(s) failed or are incomplete; rerun the same command to "
+                   f"continue (finished runs are reused)", err=True)
+        raise SystemExit(1)

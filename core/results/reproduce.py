@@ -1,0 +1,255 @@
+"""Run a paper's table (``pflkit.core.results.tables``) through ``run_comparison`` and set pflkit's numbers beside
+the paper's.
+
+One comparison per column (``OUT/<column id>/``: resumable, ``jobs``), every row of the table an entry of it, labelled
+by the row id. ``results.md`` and ``results.csv`` hold per cell the paper's number, pflkit's mean and std over seeds,
+the difference, and whether pflkit's mean lies within the paper's spread (paper mean +- paper std); and per column
+the rows ranked both ways (Kendall's tau between the two orders, and whether the winner is the same). At
+``quick`` scale every line of every output says so: those numbers are not the paper's setting.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..api import registry as reg
+from ..common.errors import ConfigError, DataError, PflError
+from ..data.data import dataset_root, load_dataset
+from ..data.datasources import sources_of
+from ..engine.config import resolve
+from ..storage.rundata import read_records
+from .compare import parse_entry, run_comparison
+from .tables import Column, Table
+
+QUICK_LABEL = "quick scale, not the paper's setting"
+
+
+def _select(what: str, wanted: Optional[Sequence[str]], have: Sequence[str]) -> List[str]:
+    if not wanted:
+        return list(have)
+    for w in wanted:
+        if w not in have:
+            from ..common.errors import did_you_mean
+
+            raise ConfigError(f"--{what}: no {what[:-1]} '{w}' in this table.{did_you_mean(w, have)} "
+                              f"Available: {', '.join(have)}")
+    return list(wanted)
+
+
+def data_status(cfg: Any, load: bool) -> Tuple[Optional[bool], str]:
+    """(present, words; present None: not checked) for a resolved config's dataset. A dataset a registry package provides is present when its
+    files are in ``dataset.root`` (the core's rule, ``dataset_root``); its absence names the ``fl data install``
+    command. Any other dataset is checked by loading it when ``load`` (its loader names the files to place), and
+    reported as not checked otherwise."""
+    name = cfg.dataset.name
+    root = cfg.dataset.get("root")
+    loader = reg.DATASETS.get(name)
+    sources = sources_of(loader)
+    base = dataset_root(root)
+    if sources:
+        found = next((src.present_in(base) for src in sources if src.present_in(base)), None)
+        if found:
+            return True, f"present in {found}"
+        hint = f" --root {root}" if root not in (None, "") else ""
+        return False, f"dataset {name} absent from {base}: fl data install {name}{hint}"
+    if not load:
+        return None, "no registry package: not checked here, checked by loading it before a run"
+    try:
+        load_dataset(cfg)
+    except DataError as exc:
+        return False, str(exc).splitlines()[0]
+    return True, "loads"
+
+
+def _column_cfg(table: Table, column: Column, quick: bool) -> Any:
+    entry = parse_entry(table.rows[0].spec())
+    from ..engine.config import parse_sets
+
+    return resolve([table.layer(column, quick), parse_sets(entry.sets), {"seed": 0}], algorithm=entry.algorithm)
+
+
+def list_lines(tables: Sequence[Table]) -> List[str]:
+    out = []
+    for t in tables:
+        out.append(f"{t.name}: {t.title()} -- {len(t.rows)} rows, {len(t.columns)} columns")
+        for column in t.columns:
+            try:
+                cfg = _column_cfg(t, column, False)
+                present, words = data_status(cfg, load=False)
+                state = "unchecked" if present is None else "present" if present else "MISSING"
+                words = words.replace(f"dataset {cfg.dataset.name} ", "")
+                out.append(f"  {column.id} ({column.label}): dataset {cfg.dataset.name}, {state} ({words})")
+            except PflError as exc:
+                out.append(f"  {column.id} ({column.label}): cannot resolve its config ({exc})")
+    return out
+
+
+def missing_data(table: Table, columns: Sequence[Column], quick: bool) -> List[str]:
+    """One line per selected column whose dataset is not there, naming the command or the files to place."""
+    out = []
+    for column in columns:
+        cfg = _column_cfg(table, column, quick)
+        present, words = data_status(cfg, load=True)
+        if not present:
+            out.append(f"column {column.id}: {words}")
+    return out
+
+
+def _run_value(run: Mapping[str, Any], key: str) -> Optional[float]:
+    """One finished run's value of a pflkit metric key (``tables.PFLKIT_METRICS``)."""
+    if key in ("final_uniform", "final_weighted", "best_uniform"):
+        return run.get(key)
+    stat = key.split("_", 1)[1]  # min / max over clients, mean of the last final_k evaluations
+    rows = [r for r in read_records(Path(run["run_dir"]) / "metrics.jsonl")
+            if isinstance(r.get(f"{run['metric']}/{stat}"), (int, float))]
+    last = rows[-int(run["final_k"]):]
+    return sum(r[f"{run['metric']}/{stat}"] for r in last) / len(last) if last else None
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
+    """Kendall's tau-a between two scorings of the same items (None with fewer than two items)."""
+    n = len(a)
+    if n < 2:
+        return None
+    s = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            x, y = a[i] - a[j], b[i] - b[j]
+            s += (x * y > 0) - (x * y < 0)
+    return s / (n * (n - 1) / 2)
+
+
+def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
+              cols: Optional[Sequence[str]] = None, seeds: Sequence[int] = (0,), scale: str = "paper",
+              jobs: int = 1, echo: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Run the selected cells (every seed) and write ``results.md`` and ``results.csv`` into ``out_dir``."""
+    if scale not in ("paper", "quick"):
+        raise ConfigError(f"--scale {scale!r}: expected paper or quick")
+    quick = scale == "quick"
+    tag = f"[{QUICK_LABEL}] " if quick else ""
+    row_ids = _select("rows", rows, [r.id for r in table.rows])
+    col_ids = _select("cols", cols, [c.id for c in table.columns])
+    chosen_rows = [r for r in table.rows if r.id in row_ids]
+    chosen_cols = [c for c in table.columns if c.id in col_ids]
+    missing = missing_data(table, chosen_cols, quick)
+    if missing:
+        raise ConfigError("missing data, nothing run: " + "; ".join(missing))
+    out_dir = Path(out_dir)
+    results: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    incomplete = 0
+    done: Dict[str, Dict[str, Any]] = {}  # columns of one setting scored differently share one comparison
+    specs = [r.spec() for r in chosen_rows]
+    home: Dict[str, str] = {}  # setting -> the folder of its comparison: the table's first column of that setting,
+    for column in table.columns:  # whichever columns are selected, so a narrower --cols reuses the runs
+        home.setdefault(json.dumps(table.layer(column, quick), sort_keys=True, default=str), column.id)
+    for column in chosen_cols:
+        layer = table.layer(column, quick)
+        key = json.dumps(layer, sort_keys=True, default=str)
+        if key in done:
+            comparison = done[key]
+            echo(f"{tag}{table.name} column {column.id} ({column.label}): the runs of column "
+                 f"{comparison['column']}, scored by {column.metric['pflkit']}")
+        else:
+            folder = out_dir / home[key]
+            echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} "
+                 f"seeds in {folder}")
+            comparison = run_comparison(specs, list(seeds), [layer], folder, jobs=jobs,
+                                        echo=lambda line: echo(f"{tag}{line}"))
+            comparison["column"] = column.id
+            done[key] = comparison
+            incomplete += len(comparison["not_in_table"])
+        by_label = {parse_entry(s).label: r for s, r in zip(specs, chosen_rows)}
+        for label, entry in comparison["results"].items():
+            row = by_label[label]
+            values = [v for v in (_run_value({**run, "metric": comparison["metric"]}, column.metric["pflkit"])
+                                  for run in entry["runs"]) if v is not None]
+            scale_factor = 100.0 if column.metric["percent"] else 1.0
+            mean = std = None
+            if values:  # population std over seeds (ddof=0), as fl compare reports it
+                raw = sum(values) / len(values)
+                mean = scale_factor * raw
+                std = scale_factor * math.sqrt(sum((v - raw) ** 2 for v in values) / len(values))
+            results[row.id, column.id] = {"mean": mean, "std": std, "runs": len(values)}
+    report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.md").write_text(report["markdown"])
+    (out_dir / "results.csv").write_text(report["csv"])
+    report["incomplete"] = incomplete
+    report["files"] = {"markdown": str(out_dir / "results.md"), "csv": str(out_dir / "results.csv")}
+    return report
+
+
+def _fmt(value: Optional[float], digits: int = 2) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool) -> Dict[str, Any]:
+    tag = f"[{QUICK_LABEL}] " if quick else ""
+    scale = QUICK_LABEL if quick else "paper"
+    csv_rows = []
+    for column in cols:
+        for row in rows:
+            paper = table.numbers[row.id, column.id]
+            ours = results.get((row.id, column.id), {"mean": None, "std": None, "runs": 0})
+            diff = ours["mean"] - paper.mean if ours["mean"] is not None and paper.mean is not None else None
+            if diff is None or paper.std is None:
+                within = "n/a"
+            else:
+                within = "yes" if abs(diff) <= paper.std + 1e-9 else "no"
+            csv_rows.append({"scale": scale, "table": table.name, "column": column.id, "row": row.id,
+                             "metric": column.metric["pflkit"], "paper_mean": _fmt(paper.mean),
+                             "paper_std": _fmt(paper.std), "paper_note": paper.why_missing,
+                             "pflkit_mean": _fmt(ours["mean"]), "pflkit_std": _fmt(ours["std"]),
+                             "runs": ours["runs"], "difference": _fmt(diff), "within_paper_spread": within})
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(csv_rows[0]) if csv_rows else ["scale"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(csv_rows)
+    md = [f"# {tag}{table.title()}", ""]
+    if quick:
+        md += [f"{tag}These numbers are at quick scale (fewer rounds, a fraction of the data): they are not the "
+               f"paper's setting and are not comparable with its numbers.", ""]
+    m = table.metric
+    md += [f"{tag}Paper's metric: {m['model']} model, {m['clients']} clients, {m['mean']} mean, "
+           f"{'best round' if m['round'] == 'best' else 'mean of the last %s rounds' % m.get('k')}, "
+           f"{'fine-tuned' if m['fine_tuned'] else 'not fine-tuned'}"
+           + (f" ({m['note']})" if m.get("note") else "") + f". pflkit: {m['pflkit']}; seeds "
+           f"{', '.join(map(str, seeds))}; pflkit's std is the population std over seeds.", ""]
+    for column in cols:
+        md += [f"## {tag}{column.label} ({column.id}; pflkit metric {column.metric['pflkit']})", "",
+               "| method | paper | pflkit | difference | within paper's spread |", "|---|---|---|---|---|"]
+        for r in csv_rows:
+            if r["column"] != column.id:
+                continue
+            label = next(x.label for x in rows if x.id == r["row"])
+            paper = (f"{r['paper_mean']} ± {r['paper_std']}" if r["paper_std"] else r["paper_mean"]) \
+                or f"({r['paper_note']})"
+            ours = f"{r['pflkit_mean']} ± {r['pflkit_std']}" if r["pflkit_mean"] else "n/a"
+            md.append(f"| {tag}{label} | {paper} | {ours} | {r['difference'] or 'n/a'} | "
+                      f"{r['within_paper_spread']} |")
+        md += ["", f"{tag}{_ranking(table, rows, column, results)}", ""]
+    if table.chosen:
+        md += [f"{tag}Where the paper leaves a setting open, pflkit chose:", ""]
+        md += [f"- {tag}{c['setting']} = {c['value']}: {c['why']}" for c in table.chosen]
+        md.append("")
+    md += [f"{tag}Rows' hyperparameters:", ""] + [f"- {tag}{r.label} (`{r.spec()}`): {r.source}" for r in rows]
+    return {"markdown": "\n".join(md) + "\n", "csv": buf.getvalue(), "cells": csv_rows}
+
+
+def _ranking(table: Table, rows, column: Column, results) -> str:
+    both = [r for r in rows if table.numbers[r.id, column.id].mean is not None
+            and results.get((r.id, column.id), {}).get("mean") is not None]
+    if len(both) < 2:
+        return "Ranking: fewer than two rows with both numbers."
+    paper = [table.numbers[r.id, column.id].mean for r in both]
+    ours = [results[r.id, column.id]["mean"] for r in both]
+    order_p = [r.label for _, r in sorted(zip(paper, both), key=lambda t: -t[0])]
+    order_o = [r.label for _, r in sorted(zip(ours, both), key=lambda t: -t[0])]
+    tau = kendall_tau(paper, ours)
+    same = "yes" if order_p[0] == order_o[0] else "no"
+    return (f"Ranking, paper: {' > '.join(order_p)}; pflkit: {' > '.join(order_o)}. Kendall's tau {tau:.2f}; "
+            f"same winner: {same}.")

@@ -1,0 +1,298 @@
+"""A paper's comparison table as data: the schema of a ``pflkit.tables`` file, checked strictly.
+
+A plugin publishes its paper's tables through the ``pflkit.tables`` entry-point group (``name = package:file.toml``);
+``fl reproduce --table-file PATH`` reads one from a path. The file (TOML) holds:
+
+- ``[paper]``: ``title``, ``venue``, ``table`` (its number in the paper), ``caption``;
+- ``[metric]``: what the paper scores -- ``model`` (personal | global), ``clients`` (all | sampled), ``mean``
+  (uniform | weighted | per_client), ``round`` (best | last_k), ``k`` (with last_k), ``fine_tuned`` (true | false)
+  -- and ``pflkit``, the key that computes it here (:data:`PFLKIT_METRICS`), ``percent`` (the paper's numbers are
+  percentages of pflkit's 0..1 accuracy), ``note``; a column may replace any of these with its own ``metric`` table;
+- ``[settings]``: config overrides shared by every cell (a config layer, as ``fl run --config`` reads);
+- ``[quick]``: overrides of ``--scale quick`` (fewer rounds, ``split.fraction``); without it :data:`QUICK_RULE`;
+- ``[[columns]]``: ``id``, ``label``, ``set`` (config overrides), optionally ``quick`` and ``metric``;
+- ``[[rows]]``: ``id``, ``label``, ``plugin``, ``options`` (config overrides of that method: its ``fl compare``
+  entry ``plugin+key=value...``), ``source`` (where its hyperparameters come from);
+- ``[numbers.<row id>]``: per column id ``[mean, std]``, ``[mean]`` (no std reported) or a string saying why the
+  paper has no number for that cell;
+- ``[[chosen]]``: ``setting``, ``value``, ``why`` -- what pflkit chose where the paper leaves a setting open.
+
+Unknown keys are refused with a did-you-mean, as in configs. :func:`check_table` also resolves every cell's config
+through the config resolver (known algorithms, valid option values) without loading any data.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..api import registry as reg
+from ..api.registry import TableFile, parse_table_text
+from ..common.errors import ConfigError, PflError, did_you_mean
+from ..engine.config import deep_merge, resolve
+
+#: pflkit's summary keys a table's metric may name: the mean over seeds of each run's ...
+PFLKIT_METRICS = {
+    "final_uniform": "mean over clients of each client's metric, averaged over the last eval.final_k evaluations",
+    "final_weighted": "metric pooled over every test sample, averaged over the last eval.final_k evaluations",
+    "best_uniform": "best evaluation of the mean over clients",
+    "final_min": "lowest client's metric, averaged over the last eval.final_k evaluations",
+    "final_max": "highest client's metric, averaged over the last eval.final_k evaluations",
+}
+METRIC_CHOICES = {"model": ("personal", "global"), "clients": ("all", "sampled"),
+                  "mean": ("uniform", "weighted", "per_client"), "round": ("best", "last_k")}
+QUICK_RULE = "rounds = max(2, rounds // 10) and split.fraction = 0.2 (when the table gives no [quick])"
+TOP_KEYS = ("paper", "metric", "settings", "quick", "columns", "rows", "numbers", "chosen")
+PAPER_KEYS = ("title", "venue", "table", "caption")
+METRIC_KEYS = ("model", "clients", "mean", "round", "k", "fine_tuned", "pflkit", "percent", "note")
+COLUMN_KEYS = ("id", "label", "set", "quick", "metric")
+ROW_KEYS = ("id", "label", "plugin", "options", "source")
+CHOSEN_KEYS = ("setting", "value", "why")
+
+
+@dataclass
+class Column:
+    id: str
+    label: str
+    set: Dict[str, Any]
+    quick: Optional[Dict[str, Any]]
+    metric: Dict[str, Any]
+
+
+@dataclass
+class Row:
+    id: str
+    label: str
+    plugin: str
+    options: Dict[str, Any]
+    source: str
+
+    def spec(self) -> str:
+        """The row as an ``fl compare`` entry: ``plugin+key=value...`` (the row id labels it in the results)."""
+        return "+".join([self.plugin, *(f"{k}={_value_text(v)}" for k, v in _flat(self.options))])
+
+
+@dataclass
+class Cell:
+    mean: Optional[float]
+    std: Optional[float]
+    why_missing: str = ""
+
+
+@dataclass
+class Table:
+    name: str
+    origin: str
+    paper: Dict[str, Any]
+    metric: Dict[str, Any]
+    settings: Dict[str, Any]
+    quick: Optional[Dict[str, Any]]
+    columns: List[Column]
+    rows: List[Row]
+    numbers: Dict[Tuple[str, str], Cell]
+    chosen: List[Dict[str, str]] = field(default_factory=list)
+
+    def title(self) -> str:
+        return f"{self.paper['title']} ({self.paper['venue']}), Table {self.paper['table']}: {self.paper['caption']}"
+
+    def datasets(self) -> Dict[str, str]:
+        """Column id -> the dataset name its cells use (settings < column)."""
+        return {c.id: str(self.layer(c).get("dataset", {}).get("name", "?")) for c in self.columns}
+
+    def layer(self, column: Column, quick: bool = False) -> Dict[str, Any]:
+        """The config layer of a column's cells: shared settings < column < quick-scale overrides."""
+        out = deep_merge(self.settings, column.set)
+        if quick:
+            out = deep_merge(out, quick_overrides(self, column))
+        return out
+
+
+def quick_overrides(table: Table, column: Column) -> Dict[str, Any]:
+    """``--scale quick``: the column's ``quick``, else the table's ``[quick]``, else :data:`QUICK_RULE`."""
+    if column.quick is not None:
+        return column.quick
+    if table.quick is not None:
+        return table.quick
+    rounds = deep_merge(table.settings, column.set).get("rounds")
+    rounds = rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else 20
+    return {"rounds": max(2, rounds // 10), "split": {"fraction": 0.2}}
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> List[Tuple[str, Any]]:
+    out = []
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out += _flat(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def _value_text(value: Any) -> str:
+    """A value as ``--set`` reads it back (parse_value: JSON-like; a bare word is a string)."""
+    import json
+
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _keys(where: str, values: Any, allowed: Sequence[str], required: Sequence[str] = ()) -> Dict[str, Any]:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: expected a table, got {values!r}")
+    for key in values:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown key '{key}'.{did_you_mean(key, allowed)} Valid keys: "
+                              f"{', '.join(allowed)}")
+    for key in required:
+        if key not in values:
+            raise ConfigError(f"{where}: '{key}' is missing")
+    return dict(values)
+
+
+def _text(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: expected text, got {value!r}")
+    return value
+
+
+def _metric(where: str, values: Any, base: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    m = _keys(where, values, METRIC_KEYS, () if base else ("model", "clients", "mean", "round", "fine_tuned",
+                                                            "pflkit"))
+    out = {**(base or {}), **m}
+    for key, choices in METRIC_CHOICES.items():
+        if out.get(key) not in choices:
+            raise ConfigError(f"{where}.{key}: {out.get(key)!r} is not one of {', '.join(choices)}")
+    if out["pflkit"] not in PFLKIT_METRICS:
+        raise ConfigError(f"{where}.pflkit: unknown pflkit metric {out['pflkit']!r}."
+                          f"{did_you_mean(str(out['pflkit']), PFLKIT_METRICS)} Known: {', '.join(PFLKIT_METRICS)}")
+    if out["round"] == "last_k" and not (isinstance(out.get("k"), int) and out["k"] >= 1):
+        raise ConfigError(f"{where}.k: round = 'last_k' needs k, a positive integer")
+    if not isinstance(out["fine_tuned"], bool):
+        raise ConfigError(f"{where}.fine_tuned: expected true or false")
+    out.setdefault("percent", True)
+    if not isinstance(out["percent"], bool):
+        raise ConfigError(f"{where}.percent: expected true or false")
+    return out
+
+
+def _ids(where: str, items: Any, keys: Sequence[str], required: Sequence[str]) -> List[Dict[str, Any]]:
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{where}: expected at least one [[{where}]] entry")
+    out, seen = [], set()
+    for i, item in enumerate(items):
+        entry = _keys(f"{where}[{i}]", item, keys, required)
+        ident = _text(f"{where}[{i}].id", entry["id"])
+        if ident in seen or "," in ident:
+            raise ConfigError(f"{where}[{i}].id: '{ident}' is " + ("listed twice" if ident in seen
+                                                                   else "not a name (no commas)"))
+        seen.add(ident)
+        out.append(entry)
+    return out
+
+
+def _number(where: str, value: Any) -> Cell:
+    if isinstance(value, str):
+        return Cell(None, None, _text(where, value))
+    if not isinstance(value, list) or len(value) not in (1, 2) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+        raise ConfigError(f"{where}: expected [mean, std], [mean] (no std reported) or a string saying why the paper "
+                          f"has no number, got {value!r}")
+    return Cell(float(value[0]), float(value[1]) if len(value) == 2 else None)
+
+
+def parse_table(name: str, source: TableFile) -> Table:
+    """Check a table file's schema (every key, every number present); ConfigError naming the file otherwise."""
+    try:
+        return _parse(name, source)
+    except ConfigError as exc:
+        raise ConfigError(f"table {name} ({source.origin}): {exc}") from None
+
+
+def _parse(name: str, source: TableFile) -> Table:
+    data = _keys("file", source.data, TOP_KEYS, ("paper", "metric", "settings", "columns", "rows", "numbers"))
+    paper = _keys("paper", data["paper"], PAPER_KEYS, PAPER_KEYS)
+    for key in ("title", "venue", "caption"):
+        _text(f"paper.{key}", paper[key])
+    if isinstance(paper["table"], bool) or not isinstance(paper["table"], (int, str)):
+        raise ConfigError(f"paper.table: expected the table's number, got {paper['table']!r}")
+    metric = _metric("metric", data["metric"])
+    settings = _keys("settings", data["settings"], tuple(data["settings"]) if isinstance(data["settings"], Mapping)
+                     else ())
+    quick = data.get("quick")
+    if quick is not None and not isinstance(quick, Mapping):
+        raise ConfigError(f"quick: expected a table of config overrides, got {quick!r}")
+    columns = []
+    for i, c in enumerate(_ids("columns", data["columns"], COLUMN_KEYS, ("id", "label"))):
+        for key in ("set", "quick"):
+            if key in c and not isinstance(c[key], Mapping):
+                raise ConfigError(f"columns[{i}].{key}: expected a table of config overrides")
+        columns.append(Column(c["id"], _text(f"columns[{i}].label", c["label"]), dict(c.get("set", {})),
+                              dict(c["quick"]) if "quick" in c else None,
+                              _metric(f"columns[{i}].metric", c["metric"], metric) if "metric" in c else metric))
+    rows = []
+    for i, r in enumerate(_ids("rows", data["rows"], ROW_KEYS, ("id", "label", "plugin", "source"))):
+        if "options" in r and not isinstance(r["options"], Mapping):
+            raise ConfigError(f"rows[{i}].options: expected a table of config overrides")
+        rows.append(Row(r["id"], _text(f"rows[{i}].label", r["label"]), _text(f"rows[{i}].plugin", r["plugin"]),
+                        dict(r.get("options", {})), _text(f"rows[{i}].source", r["source"])))
+    numbers_in = _keys("numbers", data["numbers"], [r.id for r in rows], [r.id for r in rows])
+    numbers: Dict[Tuple[str, str], Cell] = {}
+    col_ids = [c.id for c in columns]
+    for row in rows:
+        per_col = _keys(f"numbers.{row.id}", numbers_in[row.id], col_ids, col_ids)
+        for col in col_ids:
+            numbers[row.id, col] = _number(f"numbers.{row.id}.{col}", per_col[col])
+    chosen = []
+    for i, c in enumerate(data.get("chosen", [])):
+        entry = _keys(f"chosen[{i}]", c, CHOSEN_KEYS, CHOSEN_KEYS)
+        chosen.append({k: _text(f"chosen[{i}].{k}", str(entry[k])) for k in CHOSEN_KEYS})
+    return Table(name, source.origin, paper, metric, dict(settings), dict(quick) if quick is not None else None,
+                 columns, rows, numbers, chosen)
+
+
+def read_table_file(path: str) -> Tuple[str, TableFile]:
+    """A table file given by path (``fl reproduce --table-file``): its name is the file's stem."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"table file {path!r} does not exist")
+    if p.stat().st_size > reg.TABLE_FILE_LIMIT:
+        raise ConfigError(f"table file {path!r} is larger than {reg.TABLE_FILE_LIMIT} bytes; not a table file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"table file {path!r} cannot be read: {exc}") from None
+    try:
+        return p.stem, parse_table_text(text, str(p))
+    except PflError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def installed_table(name: str) -> Table:
+    """The table registered as ``name`` (``fl list tables``), schema-checked."""
+    return parse_table(name, reg.TABLES.get(name))
+
+
+def check_table(table: Table) -> int:
+    """Resolve every cell's config (paper and quick scale) without loading data: known algorithms, valid option
+    values, valid configs. Returns the number of cells checked; ConfigError naming the cell otherwise."""
+    from ..results.compare import parse_entry
+    from ..engine.config import parse_sets
+
+    cells = 0
+    for column in table.columns:
+        for quick in (False, True):
+            layer = table.layer(column, quick)
+            for row in table.rows:
+                where = f"table {table.name}, row {row.id}, column {column.id}" + (" (quick scale)" if quick else "")
+                try:
+                    entry = parse_entry(row.spec())
+                    if entry.algorithm not in reg.ALGORITHMS:
+                        raise ConfigError(f"unknown algorithm '{entry.algorithm}'."
+                                          f"{did_you_mean(entry.algorithm, reg.ALGORITHMS.names())}")
+                    resolve([layer, parse_sets(entry.sets), {"seed": 0}], algorithm=entry.algorithm)
+                except PflError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+                cells += not quick
+    return cells

@@ -1,0 +1,253 @@
+"""fl reproduce: tables published as data (pflkit.tables), checked strictly, run through fl compare, the paper's
+numbers beside pflkit's."""
+import csv
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pflkit.core.api import registry as reg
+from pflkit.core.cli.main import cli
+from pflkit.core.results.reproduce import QUICK_LABEL, kendall_tau
+
+TINY_TABLE = """
+[paper]
+title = "A tiny synthetic table"
+venue = "pflkit's tests"
+table = 1
+caption = "embedded digits"
+
+[metric]
+model = "personal"
+clients = "all"
+mean = "uniform"
+round = "last_k"
+k = 1
+fine_tuned = false
+pflkit = "final_uniform"
+
+[settings]
+rounds = 20
+device = "cpu"
+dataset = { name = "digits" }
+partition = { name = "iid", num_clients = 3 }
+model = { name = "mlp", hidden = [16] }
+train = { batch_size = 32, local_epochs = 1 }
+eval = { final_k = 1 }
+checkpoint = { every = 0 }
+
+[quick]
+rounds = 2
+
+[[columns]]
+id = "mean"
+label = "mean over clients"
+
+[[columns]]
+id = "worst"
+label = "worst client"
+metric = { mean = "per_client", pflkit = "final_min" }
+
+[[rows]]
+id = "fedavg"
+label = "FedAvg"
+plugin = "fedavg"
+source = "defaults"
+
+[[rows]]
+id = "fedprox"
+label = "FedProx"
+plugin = "fedprox"
+options = { trainer = { mu = 0.1 } }
+source = "mu from the paper"
+
+[numbers]
+fedavg = { mean = [50.0, 100.0], worst = [40.0] }
+fedprox = { mean = [51.0, 0.001], worst = "not reported" }
+
+[[chosen]]
+setting = "partition.seed"
+value = "the run seed"
+why = "the paper does not say"
+"""
+
+
+def run(*args):
+    return CliRunner().invoke(cli, ["reproduce", *args])
+
+
+def one_line_error(result):
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:"), result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.fixture
+def tiny_file(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_TABLE)
+    return path
+
+
+def test_check_passes_over_every_installed_table():
+    result = run("--check")
+    assert result.exit_code == 0, result.output
+    for line in ("pcfl:table1: ok (12 rows x 1 columns, 12 cells resolved)",
+                 "pcfl:table2: ok (12 rows x 1 columns, 12 cells resolved)",
+                 "pcfl:table3: ok (9 rows x 3 columns, 27 cells resolved)"):
+        assert line in result.output
+    assert len(result.output.splitlines()) == len(reg.TABLES.names())
+
+
+def test_list_lists_tables_with_their_datasets(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLKIT_DATA", str(tmp_path))  # nothing installed there
+    result = run("--list")
+    assert result.exit_code == 0, result.output
+    assert "pcfl:table1: Precision Collaboration" in result.output and "acc (ACC (%)): dataset cifar10, unchecked" \
+        in result.output
+    assert "pcfl:table3: Precision Collaboration for Federated Learning" in result.output
+    assert f"phd (PhD): dataset adult, MISSING (absent from {tmp_path}: fl data install adult)" in result.output
+    listed = CliRunner().invoke(cli, ["list", "tables"])
+    assert "pcfl:table3" in listed.output and "pflkit-pcfl" in listed.output
+    shown = CliRunner().invoke(cli, ["show", "pcfl:table3"])
+    assert shown.exit_code == 0, shown.output
+    assert "from pflkit_pcfl.tables:table3.toml; run it: fl reproduce pcfl:table3" in shown.output
+
+
+def test_table_registered_in_process_is_listed_and_checked(registries_snapshot):
+    reg.TABLES.register("tests:tiny", reg.parse_table_text(TINY_TABLE, "<test>"))
+    result = run("--check")
+    assert result.exit_code == 0, result.output
+    assert "tests:tiny: ok (2 rows x 2 columns, 4 cells resolved)" in result.output
+    assert "tests:tiny: A tiny synthetic table" in run("--list").output
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("caption =", "captoin ="), "paper: unknown key 'captoin'. Did you mean 'caption'?"),
+    (('plugin = "fedprox"', 'plugin = "fedprx"'), "unknown algorithm 'fedprx'. Did you mean 'fedprox'?"),
+    (("mu = 0.1", "mu = -3"), "row fedprox, column mean: trainer.mu"),
+    (("fedprox = { mean = [51.0, 0.001], worst = \"not reported\" }", "fedprox = { mean = [51.0, 0.001] }"),
+     "numbers.fedprox: 'worst' is missing"),
+    (("fedavg = { mean = [50.0, 100.0]", "fedavg = { mean = [50.0, 1.0, 2.0]"), "numbers.fedavg.mean: expected"),
+    (('pflkit = "final_min"', 'pflkit = "final_minimum"'), "Did you mean 'final_min'?"),
+    (("rounds = 20", "roundz = 20"), "unknown key 'roundz'"),
+    (("[[chosen]]", "[[chosen]]\nwhom = 1"), "chosen[0]: unknown key 'whom'"),
+])
+def test_bad_table_file_is_one_line_exit_2(tmp_path, edit, words):
+    path = tmp_path / "bad.toml"
+    assert edit[0] in TINY_TABLE
+    path.write_text(TINY_TABLE.replace(edit[0], edit[1], 1))
+    line = one_line_error(run("--check", "--table-file", str(path)))
+    assert words in line, line
+    assert not list(tmp_path.glob("reproduce-*"))
+
+
+def test_not_toml_and_bad_selection(tmp_path, tiny_file):
+    path = tmp_path / "broken.toml"
+    path.write_text("[paper\n")
+    assert "is not valid TOML" in one_line_error(run("--check", "--table-file", str(path)))
+    assert "no row 'fedavgg' in this table. Did you mean 'fedavg'?" in one_line_error(
+        run("--table-file", str(tiny_file), "--rows", "fedavgg", "--out", str(tmp_path / "o")))
+    assert "unknown table 'pcfl:table33'" in one_line_error(run("pcfl:table33", "--out", str(tmp_path / "o")))
+    assert not (tmp_path / "o").exists()
+
+
+def test_kendall_tau():
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    assert kendall_tau([1, 2, 3], [10, 30, 20]) == pytest.approx(1 / 3)
+    assert kendall_tau([1], [2]) is None
+
+
+def test_quick_reproduction_end_to_end(tmp_path, tiny_file):
+    out = tmp_path / "out"
+    result = run("--table-file", str(tiny_file), "--scale", "quick", "--seeds", "0,1", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    # one comparison for the two columns (same setting, scored two ways), 2 rounds: quick scale
+    assert sorted(p.name for p in (out / "mean" / "runs").iterdir()) == [
+        "fedavg-seed0", "fedavg-seed1", "fedprox+trainer.mu=0.1-seed0", "fedprox+trainer.mu=0.1-seed1"]
+    assert not (out / "worst").exists()
+    import json
+    summary = json.loads((out / "mean" / "runs" / "fedavg-seed0" / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2
+    results = json.loads((out / "mean" / "results.json").read_text())["results"]
+
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert {r["scale"] for r in rows} == {QUICK_LABEL}
+    cell = {(r["row"], r["column"]): r for r in rows}
+    fedavg = cell["fedavg", "mean"]
+    assert fedavg["paper_mean"] == "50.00" and fedavg["paper_std"] == "100.00"
+    ours = results["fedavg"]["final_uniform"]
+    assert float(fedavg["pflkit_mean"]) == pytest.approx(100 * ours["mean"], abs=0.006)
+    assert float(fedavg["pflkit_std"]) == pytest.approx(100 * ours["std"], abs=0.006)
+    assert float(fedavg["difference"]) == pytest.approx(float(fedavg["pflkit_mean"]) - 50.0, abs=0.011)
+    assert fedavg["within_paper_spread"] == "yes"  # paper std 100: any accuracy is within it
+    assert cell["fedprox", "mean"]["within_paper_spread"] == "no"  # paper std 0.001
+    worst = cell["fedavg", "worst"]
+    assert worst["metric"] == "final_min" and worst["paper_std"] == "" and worst["within_paper_spread"] == "n/a"
+    assert float(worst["pflkit_mean"]) < float(fedavg["pflkit_mean"])  # the lowest client is below the mean
+    assert cell["fedprox", "worst"]["paper_note"] == "not reported"
+
+    md = (out / "results.md").read_text()
+    for line in md.splitlines():  # every line that says something is labelled
+        if line.strip() and not line.startswith("| method") and not line.startswith("|---"):
+            assert QUICK_LABEL in line, line
+    assert re.search(r"\| \[quick scale, not the paper's setting\] FedAvg \| 50\.00 ± 100\.00 \| [\d.]+ ± [\d.]+ \| "
+                     r"-?[\d.]+ \| yes \|", md)
+    assert "Kendall's tau" in md and "same winner" in md
+    assert "partition.seed = the run seed: the paper does not say" in md
+    for line in result.output.splitlines():
+        if line.startswith("[") or "column" in line:
+            assert QUICK_LABEL in line, line
+
+    # rerun of a narrower selection: every run is reused (resumable through fl compare), also for a column whose
+    # runs were made under another column of the same setting
+    again = run("--table-file", str(tiny_file), "--scale", "quick", "--seeds", "0,1", "--out", str(out),
+                "--rows", "fedavg", "--cols", "worst")
+    assert again.exit_code == 0, again.output
+    assert again.output.count("reused, finished earlier") == 2
+    assert [(r["row"], r["column"]) for r in csv.DictReader((out / "results.csv").open())] == [("fedavg", "worst")]
+    assert not (out / "worst").exists()
+
+
+def test_missing_data_named_before_any_run(tmp_path, tiny_file):
+    text = TINY_TABLE.replace('dataset = { name = "digits" }',
+                              f'dataset = {{ name = "adult", root = "{tmp_path / "empty"}" }}')
+    path = tmp_path / "adult.toml"
+    path.write_text(text.replace('partition = { name = "iid", num_clients = 3 }',
+                                 'partition = { name = "iid", num_clients = 3 }\n'))
+    out = tmp_path / "out"
+    line = one_line_error(run("--table-file", str(path), "--scale", "quick", "--out", str(out)))
+    assert "missing data, nothing run" in line
+    assert f"column mean: dataset adult absent from {tmp_path / 'empty'}: fl data install adult --root " \
+           f"{tmp_path / 'empty'}" in line
+    assert not out.exists()
+
+
+def test_missing_files_of_a_dataset_without_package_are_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLKIT_DATA", str(tmp_path / "empty"))
+    out = tmp_path / "out"
+    line = one_line_error(run("pcfl:table1", "--scale", "quick", "--seeds", "0", "--out", str(out)))
+    assert "missing data, nothing run: column acc: dataset 'cifar10': 7 file(s) missing" in line
+    assert "cifar-10-batches-py/data_batch_1" in line
+    assert not out.exists()
+
+
+def test_a_table_entry_that_fails_to_load_is_reported_not_raised():
+    try:
+        import importlib_metadata as metadata
+    except ImportError:  # pragma: no cover
+        from importlib import metadata
+    tables = reg.Registry("table", "pflkit.tables-test", load_entry=reg.load_table_entry)
+    tables._discovered = True
+    for name, value in (("x:absent", "pflkit_pcfl.tables:absent.toml"), ("x:ok", "pflkit_pcfl.tables:table3.toml")):
+        entry = reg.Entry(name, "table", value, "pflkit-x", "0")
+        entry._ep = metadata.EntryPoint(name=name, value=value, group="pflkit.tables-test")
+        tables._entries[name] = entry
+    failures = tables.load_all()
+    assert [f.name for f in failures] == ["x:absent"]
+    assert "table 'x:absent' from distribution 'pflkit-x' failed to load: FileNotFoundError" in str(failures[0])
+    assert tables.get("x:ok").data["paper"]["table"] == 3
