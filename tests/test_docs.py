@@ -114,3 +114,14 @@ def test_commands_are_found_in_continued_lines_and_variables(tmp_path):
     found = [c for _, c in doccheck.fl_commands(page)]
     assert found == ["fl run --plugin fedavg --set rounds=2 --set train.lr=0.1", "fl data install fmnist",
                      "fl run --plugin local --set rounds=3"], found
+
+
+def test_plugin_readme_links_resolve_on_github_too():
+    """A plugin README is read on GitHub as well as on the site: every relative link names a file that exists."""
+    dead = []
+    for readme in sorted((ROOT / "plugins").glob("*/README.md")):
+        for target in re.findall(r"\]\(([^)\s]+)\)", readme.read_text(encoding="utf-8")):
+            path = target.partition("#")[0]
+            if path and not re.match(r"^[a-z]+:", path) and not (readme.parent / path).exists():
+                dead.append(f"{readme.relative_to(ROOT)}: {target}")
+    assert not dead, dead

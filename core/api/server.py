@@ -151,7 +151,7 @@ class ServerAggregator:
     def client_store(self, name: str) -> ServerClientStore:
         """The run's server-side per-client store ``name`` (cid -> entry), created on first use: held under
         ``server.state_memory``, spilled to disk past it, checkpointed and restored by the core (core.api.serverstore;
-        README, Writing a plugin)."""
+        docs: Writing a plugin)."""
         return self.ctx.stores.store(name)
 
     def setup(self, comm) -> None:

@@ -49,7 +49,7 @@ def main() -> None:
     from ..common.threads import apply_cli_default
 
     restore()  # Ctrl-C raises KeyboardInterrupt again, which each command handles (fl run: exit 130)
-    apply_cli_default()  # one torch thread unless OMP_NUM_THREADS says otherwise (README, "Threads")
+    apply_cli_default()  # one torch thread unless OMP_NUM_THREADS says otherwise (docs/performance.md, "Threads")
     cli(prog_name="fl")
 
 

@@ -3,7 +3,7 @@
 Results depend on the thread count (CPU kernels sum in another order), so a run applies its setting for its own
 duration and records what it used. ``threads = null`` keeps the process's setting, which the ``fl`` command makes
 ``CLI_DEFAULT_THREADS`` unless ``OMP_NUM_THREADS`` is set: on a shared 2-core machine one thread was as fast as two
-when idle and several times faster under load (README, "Threads").
+when idle and several times faster under load (docs/performance.md, "Threads").
 """
 from __future__ import annotations
 

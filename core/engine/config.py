@@ -55,7 +55,8 @@ CORE_SCHEMA: Dict[str, Any] = {
     "rounds": Param(30, "number of communication rounds", check=positive),
     "device": Param("auto", "torch device: auto (cuda when available), cpu, cuda, cuda:N"),
     "threads": Param(None, "torch CPU threads of the run (results depend on it); null: the process's setting -- the fl "
-                           "command sets 1 unless OMP_NUM_THREADS is set, fastest on a shared machine (README)",
+                           "command sets 1 unless OMP_NUM_THREADS is set, fastest on a shared machine "
+                           "(docs: Performance, Threads)",
                      type=int, check=thread_count),
     "output_dir": Param("runs", "folder that receives one sub-folder per run"),
     "run_name": Param(None, "run sub-folder name, a plain folder name (default: <algorithm>-<dataset>-<timestamp>)",
@@ -83,7 +84,7 @@ CORE_SCHEMA: Dict[str, Any] = {
         "final_k": Param(5, "'final' metric = mean of the last k evaluations", check=positive),
         "adapt": Param("never", "evaluation-time adaptation: fine-tune a scratch copy of each client's evaluated "
                                 "model on its training split before scoring it, at every evaluation, only the last "
-                                "final_k (those the 'final' metric averages), or never (README)",
+                                "final_k (those the 'final' metric averages), or never (docs: Evaluation protocol)",
                        choices=("never", "every", "final")),
         "adapt_steps": Param(None, "adaptation length in SGD steps (mini-batches of train.batch_size), 1 to "
                                    f"{MAX_ADAPT_STEPS:,}; give this or adapt_epochs (default with neither: 1 epoch)",
@@ -120,8 +121,8 @@ CORE_SCHEMA: Dict[str, Any] = {
                                  choices=("skip", "abort")),
         "rollback": Param(True, "restore a failed or rejected client's state to before the call"),
         "client_timeout": Param(None, "seconds one client call may take; a call past it fails like a client that "
-                                      "raised (README, Failures); a call that cannot be interrupted ends the run "
-                                      "after twice as long (at least 5 s more), resumable; null: no limit",
+                                      "raised (docs: Concepts, Failures); a call that cannot be interrupted ends "
+                                      "the run after twice as long (at least 5 s more), resumable; null: no limit",
                                 type=float, check=lambda v: None if v == v and 0 < v <= 2592000 else
                                 "must be a number of seconds > 0 and at most 2592000 (30 days)"),
     },

@@ -1,5 +1,5 @@
-"""The round loop of a run, top to bottom as the README's "Round protocol": the set-up phase (round 0), then per
-round select the clients, run the server's round, evaluate every client, log the round, and checkpoint at the
+"""The round loop of a run, top to bottom as the docs' "Round protocol" (docs/concepts.md): the set-up phase
+(round 0), then per round select the clients, run the server's round, evaluate every client, log the round, and checkpoint at the
 configured cadence; Ctrl-C (or ``stop_after``) pauses after a round with a checkpoint.
 
 ``RoundLoop`` is the part of ``Simulation`` that drives the rounds; ``Simulation`` (core/engine/simulation.py) builds
