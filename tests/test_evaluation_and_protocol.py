@@ -115,7 +115,8 @@ def test_metrics_record_holds_each_clients_metric_never_as_a_scalar(tmp_path, mo
         pooled = sum(acc[c] * n[c] for c in acc) / sum(n.values())
         assert pooled == pytest.approx(rec["accuracy/weighted"], rel=1e-9)
     summary = read_summary(tmp_path / "run")  # the strict reader accepts final.per_client
-    want = {c: (evaluated[-2]["per_client"][c] + evaluated[-1]["per_client"][c]) / 2 for c in evaluated[-1]["per_client"]}
+    last2 = [rec["per_client"] for rec in evaluated[-2:]]
+    want = {c: (last2[0][c] + last2[1][c]) / 2 for c in last2[1]}
     assert summary["final"]["per_client"] == pytest.approx(want)
     assert finished_run_problem(summary, records, 3, 2) is None
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["last"].get("per_client") is None
