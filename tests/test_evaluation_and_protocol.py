@@ -120,3 +120,17 @@ def test_metrics_record_holds_each_clients_metric_never_as_a_scalar(tmp_path, mo
     assert summary["final"]["per_client"] == pytest.approx(want)
     assert finished_run_problem(summary, records, 3, 2) is None
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["last"].get("per_client") is None
+
+
+def test_final_per_client_of_a_resumed_run_equals_the_uninterrupted_runs(tmp_path):
+    import json
+    from pflkit.core import Simulation
+    from pflkit.core.engine.config import resolve
+    from pflkit.core.testing import TINY
+    cfg = lambda: resolve([TINY, {"rounds": 4, "eval": {"final_k": 3}, "checkpoint": {"every": 1}}],  # noqa: E731
+                          algorithm="fedavg")
+    Simulation(cfg(), run_dir=tmp_path / "full", tensorboard=False).run()
+    Simulation(cfg(), run_dir=tmp_path / "cut", tensorboard=False).run(stop_after=2)
+    Simulation.resume(tmp_path / "cut", tensorboard=False).run()  # the last 3 evaluations span the resume
+    full, cut = (json.loads((tmp_path / name / "summary.json").read_text())["final"] for name in ("full", "cut"))
+    assert cut["per_client"] == full["per_client"] and len(full["per_client"]) == 4
