@@ -55,6 +55,9 @@ def test_export_writes_every_round_of_every_run_as_one_table(runs, tmp_path):
                 assert float(row["accuracy/uniform"]) == rec["accuracy/uniform"]
             else:
                 assert row["accuracy/uniform"] == ""  # fedavg did not evaluate round 1: an empty cell
+            # each client's metric and test samples (objects in the record) are cells of JSON text
+            for key in ("per_client", "per_client_samples"):
+                assert (json.loads(row[key]) == rec[key]) if key in rec else row[key] == ""
     assert rows[0]["accuracy/uniform"] == "" and rows[3]["accuracy/uniform"] != ""
     assert "6 rows" in res.output
 

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from pflkit.core.api import registry as reg
 from pflkit.core.cli.main import cli
 from pflkit.core.results.reproduce import QUICK_LABEL, kendall_tau
+from pflkit.core.storage.rundata import finished_run_problem, read_records
 
 TINY_TABLE = """
 [paper]
@@ -49,6 +50,18 @@ id = "worst"
 label = "worst client"
 metric = { mean = "per_client", pflkit = "final_min" }
 
+[[columns]]
+id = "third"
+label = "client 2"
+metric = { mean = "per_client", pflkit = "final_clients" }
+clients = 2
+
+[[columns]]
+id = "ends"
+label = "clients 0 and 2"
+metric = { mean = "per_client", pflkit = "final_clients" }
+clients = [0, 2]
+
 [[rows]]
 id = "fedavg"
 label = "FedAvg"
@@ -63,8 +76,8 @@ options = { trainer = { mu = 0.1 } }
 source = "mu from the paper"
 
 [numbers]
-fedavg = { mean = [50.0, 100.0], worst = [40.0] }
-fedprox = { mean = [51.0, 0.001], worst = "not reported" }
+fedavg = { mean = [50.0, 100.0], worst = [40.0], third = [45.0, 1.0], ends = [47.0] }
+fedprox = { mean = [51.0, 0.001], worst = "not reported", third = [46.0], ends = "not reported" }
 
 [[chosen]]
 setting = "partition.seed"
@@ -121,7 +134,7 @@ def test_table_registered_in_process_is_listed_and_checked(registries_snapshot):
     reg.TABLES.register("tests:tiny", reg.parse_table_text(TINY_TABLE, "<test>"))
     result = run("--check")
     assert result.exit_code == 0, result.output
-    assert "tests:tiny: ok (2 rows x 2 columns, 4 cells resolved)" in result.output
+    assert "tests:tiny: ok (2 rows x 4 columns, 8 cells resolved)" in result.output
     assert "tests:tiny: A tiny synthetic table" in run("--list").output
 
 
@@ -129,8 +142,13 @@ def test_table_registered_in_process_is_listed_and_checked(registries_snapshot):
     (("caption =", "captoin ="), "paper: unknown key 'captoin'. Did you mean 'caption'?"),
     (('plugin = "fedprox"', 'plugin = "fedprx"'), "unknown algorithm 'fedprx'. Did you mean 'fedprox'?"),
     (("mu = 0.1", "mu = -3"), "row fedprox, column mean: trainer.mu"),
-    (("fedprox = { mean = [51.0, 0.001], worst = \"not reported\" }", "fedprox = { mean = [51.0, 0.001] }"),
+    (("fedprox = { mean = [51.0, 0.001], worst = \"not reported\", ", "fedprox = { mean = [51.0, 0.001], "),
      "numbers.fedprox: 'worst' is missing"),
+    (("clients = 2", "clients = -2"), "columns[2].clients: expected a client id or a list of distinct client ids"),
+    (("clients = [0, 2]", "clients = [0, 0]"), "columns[3].clients: expected a client id or a list of distinct"),
+    (("clients = 2", ""), "columns[2]: pflkit metric 'final_clients' needs clients = <id>"),
+    (('pflkit = "final_min" }', 'pflkit = "final_min" }\nclients = 1'),
+     "columns[1].clients: scoring clients by id needs metric.pflkit = 'final_clients', not 'final_min'"),
     (("fedavg = { mean = [50.0, 100.0]", "fedavg = { mean = [50.0, 1.0, 2.0]"), "numbers.fedavg.mean: expected"),
     (('pflkit = "final_min"', 'pflkit = "final_minimum"'), "Did you mean 'final_min'?"),
     (("rounds = 20", "roundz = 20"), "unknown key 'roundz'"),
@@ -190,6 +208,20 @@ def test_quick_reproduction_end_to_end(tmp_path, tiny_file):
     assert worst["metric"] == "final_min" and worst["paper_std"] == "" and worst["within_paper_spread"] == "n/a"
     assert float(worst["pflkit_mean"]) < float(fedavg["pflkit_mean"])  # the lowest client is below the mean
     assert cell["fedprox", "worst"]["paper_note"] == "not reported"
+    # per-client columns: the clients' final values from each run's summary (final.per_client), mean over seeds
+    finals = []
+    for seed in (0, 1):
+        run_dir = out / "mean" / "runs" / f"fedavg-seed{seed}"
+        finals.append(json.loads((run_dir / "summary.json").read_text())["final"]["per_client"])
+        last = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+        assert finals[-1] == last["per_client"]  # eval.final_k = 1: the last evaluation's values
+    assert cell["fedavg", "third"]["metric"] == "final_clients[2]" and cell["fedavg", "ends"]["metric"] == \
+        "final_clients[0 2]"
+    assert float(cell["fedavg", "third"]["pflkit_mean"]) == pytest.approx(
+        100 * sum(f["2"] for f in finals) / 2, abs=0.006)
+    assert float(cell["fedavg", "ends"]["pflkit_mean"]) == pytest.approx(
+        100 * sum((f["0"] + f["2"]) / 2 for f in finals) / 2, abs=0.006)
+    assert cell["fedprox", "third"]["paper_mean"] == "46.00" and cell["fedprox", "third"]["pflkit_mean"]
 
     md = (out / "results.md").read_text()
     for line in md.splitlines():  # every line that says something is labelled
@@ -211,6 +243,14 @@ def test_quick_reproduction_end_to_end(tmp_path, tiny_file):
     assert again.output.count("reused, finished earlier") == 2
     assert [(r["row"], r["column"]) for r in csv.DictReader((out / "results.csv").open())] == [("fedavg", "worst")]
     assert not (out / "worst").exists()
+
+    # a summary whose final.per_client was edited is not reused: the reuse check re-derives it from the log
+    summary_path = out / "mean" / "runs" / "fedavg-seed0" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["final"]["per_client"]["2"] += 0.25
+    summary_path.write_text(json.dumps(summary))
+    problem = finished_run_problem(summary, read_records(summary_path.parent / "metrics.jsonl"), 2, 1)
+    assert problem and "final.per_client '2'" in problem
 
 
 def test_missing_data_named_before_any_run(tmp_path, tiny_file):

@@ -26,7 +26,7 @@ from .silent import SilentReporter
 from ..storage.checkpoint import checkpoint_exists
 from ..api.clientstate import SPILL_DIR
 from ..common.errors import ConfigError, PflError
-from .evaluation import History, per_client_metric, summarize
+from .evaluation import History, per_client_metric, per_client_record, summarize
 from ..storage.monitor import RoundReporter, RunLogger, append_run_log
 from ..storage.reporting import strict_json
 from ..storage.rundir import RunDirectory, remove_empty_folders
@@ -302,12 +302,15 @@ class RoundLoop:
             for k, vals in extra.items():
                 record[f"clients/{k}"] = float(np.mean(vals))
                 self.logger.log_histogram(f"clients/{k}", vals)
-        if rnd % self.cfg.eval.every == 0 or rnd == self.cfg.rounds:
+        evaluated = rnd % self.cfg.eval.every == 0 or rnd == self.cfg.rounds
+        per_client: Dict[str, Any] = {}
+        if evaluated:
             ev_start = time.perf_counter()
             summary = self.evaluate_all(rnd)
             record.update(summary)
             record["eval_seconds"] = time.perf_counter() - ev_start
-            self.history.add(rnd, summary)
+            per_client = getattr(self, "last_per_client", {})
+            self.history.add(rnd, summary, per_client.get("per_client"))
         for f in self.comm.traffic.failures:
             self.failures.append(f)
         record["client_failures"] = len(self.comm.traffic.failures)
@@ -318,7 +321,8 @@ class RoundLoop:
         if callable(rank_seconds):
             record.update({f"rank_seconds/{r}": sec for r, sec in enumerate(rank_seconds())})
         self.logger.log_scalars({k: v for k, v in record.items() if isinstance(v, (int, float))})
-        return self.logger.end_round()
+        # each client's metric and test samples: objects in the record, never TensorBoard scalars
+        return self.logger.end_round(per_client if evaluated else None)
 
     def select_clients(self, rnd: int) -> List[int]:
         """Join ratio, or a per-round ratio drawn from ``random_join_ratio``; seeded by (seed, round)."""
@@ -342,6 +346,7 @@ class RoundLoop:
             raise RunFailure(f"every client failed evaluation in round {rnd}{first} (run with -v for tracebacks)")
         summary = summarize(results, self.task.metric_name)
         summary.update(adaptation.cost_summary(results))  # evaluation-time adaptation: steps, seconds, clients
+        self.last_per_client = per_client_record(results)  # written into the round's metrics.jsonl record
         metrics = per_client_metric(results)
         if metrics:
             self.logger.log_histogram(f"{self.task.metric_name}/per_client", list(metrics.values()))

@@ -283,7 +283,7 @@ class Simulation(RoundLoop):
                                  reply_weight=getattr(self.server, "reply_weight", None),
                                  checks=ReplyChecks.of_run(self.server, self.data.splits, self.task))
         self.channel = self.comm.channel()  # all the server strategy gets: it can send, nothing more
-        self.history = History(self.task.metric_name, self.task.higher_is_better)
+        self.history = History(self.task.metric_name, self.task.higher_is_better, keep_per_client=cfg.eval.final_k)
         self.completed_round = 0
         self.setup_done = False
         self.setup_calls = 0  # messages sent during set-up so far (resumed set-up continues their seeds)

@@ -21,7 +21,7 @@ from ..common.errors import ConfigError, DataError, PflError
 from ..data.data import dataset_root, load_dataset
 from ..data.datasources import sources_of
 from ..engine.config import resolve
-from ..storage.rundata import read_records
+from ..storage.rundata import read_records, read_summary
 from .compare import parse_entry, run_comparison
 from .tables import Column, Table
 
@@ -99,15 +99,29 @@ def missing_data(table: Table, columns: Sequence[Column], quick: bool) -> List[s
     return out
 
 
-def _run_value(run: Mapping[str, Any], key: str) -> Optional[float]:
-    """One finished run's value of a pflkit metric key (``tables.PFLKIT_METRICS``)."""
+def _run_value(run: Mapping[str, Any], key: str, clients: Optional[Sequence[int]] = None) -> Optional[float]:
+    """One finished run's value of a pflkit metric key (``tables.PFLKIT_METRICS``); ``clients`` for final_clients.
+    None where the run lacks it (a client it did not evaluate, or more clients than per-client values are kept)."""
     if key in ("final_uniform", "final_weighted", "best_uniform"):
         return run.get(key)
+    if key == "final_clients":
+        summary = read_summary(Path(run["run_dir"])) or {}
+        per_client = (summary.get("final") or {}).get("per_client") or {}
+        values = [per_client.get(str(c)) for c in clients or ()]
+        if not values or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            return None
+        return sum(values) / len(values)
     stat = key.split("_", 1)[1]  # min / max over clients, mean of the last final_k evaluations
     rows = [r for r in read_records(Path(run["run_dir"]) / "metrics.jsonl")
             if isinstance(r.get(f"{run['metric']}/{stat}"), (int, float))]
     last = rows[-int(run["final_k"]):]
     return sum(r[f"{run['metric']}/{stat}"] for r in last) / len(last) if last else None
+
+
+def _scored_by(column: Column) -> str:
+    """A column's pflkit metric as the outputs name it: final_clients with its client ids, e.g. final_clients[1]."""
+    key = column.metric["pflkit"]
+    return f"{key}[{' '.join(map(str, column.clients))}]" if column.clients else key
 
 
 def kendall_tau(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
@@ -152,7 +166,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
         if key in done:
             comparison = done[key]
             echo(f"{tag}{table.name} column {column.id} ({column.label}): the runs of column "
-                 f"{comparison['column']}, scored by {column.metric['pflkit']}")
+                 f"{comparison['column']}, scored by {_scored_by(column)}")
         else:
             folder = out_dir / home[key]
             echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} "
@@ -165,8 +179,8 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
         by_label = {parse_entry(s).label: r for s, r in zip(specs, chosen_rows)}
         for label, entry in comparison["results"].items():
             row = by_label[label]
-            values = [v for v in (_run_value({**run, "metric": comparison["metric"]}, column.metric["pflkit"])
-                                  for run in entry["runs"]) if v is not None]
+            values = [v for v in (_run_value({**run, "metric": comparison["metric"]}, column.metric["pflkit"],
+                                             column.clients) for run in entry["runs"]) if v is not None]
             scale_factor = 100.0 if column.metric["percent"] else 1.0
             mean = std = None
             if values:  # population std over seeds (ddof=0), as fl compare reports it
@@ -201,7 +215,7 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool) ->
             else:
                 within = "yes" if abs(diff) <= paper.std + 1e-9 else "no"
             csv_rows.append({"scale": scale, "table": table.name, "column": column.id, "row": row.id,
-                             "metric": column.metric["pflkit"], "paper_mean": _fmt(paper.mean),
+                             "metric": _scored_by(column), "paper_mean": _fmt(paper.mean),
                              "paper_std": _fmt(paper.std), "paper_note": paper.why_missing,
                              "pflkit_mean": _fmt(ours["mean"]), "pflkit_std": _fmt(ours["std"]),
                              "runs": ours["runs"], "difference": _fmt(diff), "within_paper_spread": within})
@@ -220,7 +234,7 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool) ->
            + (f" ({m['note']})" if m.get("note") else "") + f". pflkit: {m['pflkit']}; seeds "
            f"{', '.join(map(str, seeds))}; pflkit's std is the population std over seeds.", ""]
     for column in cols:
-        md += [f"## {tag}{column.label} ({column.id}; pflkit metric {column.metric['pflkit']})", "",
+        md += [f"## {tag}{column.label} ({column.id}; pflkit metric {_scored_by(column)})", "",
                "| method | paper | pflkit | difference | within paper's spread |", "|---|---|---|---|---|"]
         for r in csv_rows:
             if r["column"] != column.id:

@@ -10,7 +10,9 @@ A plugin publishes its paper's tables through the ``pflkit.tables`` entry-point 
   percentages of pflkit's 0..1 accuracy), ``note``; a column may replace any of these with its own ``metric`` table;
 - ``[settings]``: config overrides shared by every cell (a config layer, as ``fl run --config`` reads);
 - ``[quick]``: overrides of ``--scale quick`` (fewer rounds, ``split.fraction``); without it :data:`QUICK_RULE`;
-- ``[[columns]]``: ``id``, ``label``, ``set`` (config overrides), optionally ``quick`` and ``metric``;
+- ``[[columns]]``: ``id``, ``label``, ``set`` (config overrides), optionally ``quick``, ``metric`` and ``clients``
+  (a client id or a list of them, e.g. a domain's clients, scored with ``pflkit = "final_clients"``: each run's
+  ``final.per_client`` in summary.json, their uniform mean when several);
 - ``[[rows]]``: ``id``, ``label``, ``plugin``, ``options`` (config overrides of that method: its ``fl compare``
   entry ``plugin+key=value...``), ``source`` (where its hyperparameters come from);
 - ``[numbers.<row id>]``: per column id ``[mean, std]``, ``[mean]`` (no std reported) or a string saying why the
@@ -39,6 +41,8 @@ PFLKIT_METRICS = {
     "best_uniform": "best evaluation of the mean over clients",
     "final_min": "lowest client's metric, averaged over the last eval.final_k evaluations",
     "final_max": "highest client's metric, averaged over the last eval.final_k evaluations",
+    "final_clients": "the column's clients' metric (each averaged over the last eval.final_k evaluations: the "
+                     "summary's final.per_client), their uniform mean when several",
 }
 METRIC_CHOICES = {"model": ("personal", "global"), "clients": ("all", "sampled"),
                   "mean": ("uniform", "weighted", "per_client"), "round": ("best", "last_k")}
@@ -46,7 +50,7 @@ QUICK_RULE = "rounds = max(2, rounds // 10) and split.fraction = 0.2 (when the t
 TOP_KEYS = ("paper", "metric", "settings", "quick", "columns", "rows", "numbers", "chosen")
 PAPER_KEYS = ("title", "venue", "table", "caption")
 METRIC_KEYS = ("model", "clients", "mean", "round", "k", "fine_tuned", "pflkit", "percent", "note")
-COLUMN_KEYS = ("id", "label", "set", "quick", "metric")
+COLUMN_KEYS = ("id", "label", "set", "quick", "metric", "clients")
 ROW_KEYS = ("id", "label", "plugin", "options", "source")
 CHOSEN_KEYS = ("setting", "value", "why")
 
@@ -58,6 +62,7 @@ class Column:
     set: Dict[str, Any]
     quick: Optional[Dict[str, Any]]
     metric: Dict[str, Any]
+    clients: Optional[List[int]] = None  # the client ids a final_clients column scores (one client, or a group)
 
 
 @dataclass
@@ -177,6 +182,23 @@ def _metric(where: str, values: Any, base: Optional[Mapping[str, Any]] = None) -
     return out
 
 
+def _clients(where: str, value: Any, pflkit: str) -> Optional[List[int]]:
+    """A column's ``clients``: one client id or a list of them, given exactly when its metric is final_clients."""
+    if value is None:
+        if pflkit == "final_clients":
+            raise ConfigError(f"{where}: pflkit metric 'final_clients' needs clients = <id> or [<id>, ...]")
+        return None
+    ids = [value] if not isinstance(value, list) else value
+    if not ids or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ids) \
+            or len(set(ids)) != len(ids):
+        raise ConfigError(f"{where}.clients: expected a client id or a list of distinct client ids (integers >= 0), "
+                          f"got {value!r}")
+    if pflkit != "final_clients":
+        raise ConfigError(f"{where}.clients: scoring clients by id needs metric.pflkit = 'final_clients', "
+                          f"not {pflkit!r}")
+    return list(ids)
+
+
 def _ids(where: str, items: Any, keys: Sequence[str], required: Sequence[str]) -> List[Dict[str, Any]]:
     if not isinstance(items, list) or not items:
         raise ConfigError(f"{where}: expected at least one [[{where}]] entry")
@@ -228,9 +250,10 @@ def _parse(name: str, source: TableFile) -> Table:
         for key in ("set", "quick"):
             if key in c and not isinstance(c[key], Mapping):
                 raise ConfigError(f"columns[{i}].{key}: expected a table of config overrides")
+        col_metric = _metric(f"columns[{i}].metric", c["metric"], metric) if "metric" in c else metric
         columns.append(Column(c["id"], _text(f"columns[{i}].label", c["label"]), dict(c.get("set", {})),
-                              dict(c["quick"]) if "quick" in c else None,
-                              _metric(f"columns[{i}].metric", c["metric"], metric) if "metric" in c else metric))
+                              dict(c["quick"]) if "quick" in c else None, col_metric,
+                              _clients(f"columns[{i}]", c.get("clients"), col_metric["pflkit"])))
     rows = []
     for i, r in enumerate(_ids("rows", data["rows"], ROW_KEYS, ("id", "label", "plugin", "source"))):
         if "options" in r and not isinstance(r["options"], Mapping):

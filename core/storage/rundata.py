@@ -161,7 +161,13 @@ def check_summary(path: Path, summary: Dict[str, Any]) -> Dict[str, Any]:
         if not isinstance(values, dict):
             raise bad(section, values, "an object")
         for key, value in values.items():
-            if value is not None and not _is_number(value):
+            if section == "final" and key == "per_client":  # client id -> its final metric
+                if not isinstance(value, dict):
+                    raise bad("final.per_client", value, "an object")
+                for cid, v in value.items():
+                    if v is not None and not _is_number(v):
+                        raise bad(f"final.per_client.{_short_text(cid)}", v, "a number or null")
+            elif value is not None and not _is_number(value):
                 raise bad(f"{section}.{key}", value, "a number or null")
     return summary
 
@@ -224,6 +230,17 @@ def finished_run_problem(summary: Dict[str, Any], records: Sequence[Dict[str, An
     if uniform:  # as History.best: the first best value (numpy stops at a first NaN, so does this)
         i = int(np.argmax(uniform) if summary.get("higher_is_better", True) is not False else np.argmin(uniform))
         derived["best.uniform"], derived["best.round"] = uniform[i], evaluated[i]["round"]
+    per_client = final.get("per_client")
+    if isinstance(per_client, dict):  # each client's final metric: the mean over the last k records' per_client
+        values: Dict[str, List[float]] = {}
+        for rec in last:
+            for cid, v in (rec.get("per_client") if isinstance(rec.get("per_client"), dict) else {}).items():
+                values.setdefault(str(cid), []).append(float(v) if _is_number(v) else math.nan)
+        for cid in sorted(set(values) | set(map(str, per_client)), key=str):
+            want = float(np.mean(values[cid])) if cid in values else math.nan
+            if not _same_number(per_client.get(cid), want):
+                return (f"summary.json gives final.per_client {_short_text(cid)} {_shown_number(per_client.get(cid))}"
+                        f", {METRICS_NAME} gives {_shown_number(want)} (edited?)")
     stated = {"evaluations": summary.get("evaluations", len(evaluated)), "final.k": final.get("k"),
               "final.uniform": final.get("uniform"), "final.weighted": final.get("weighted"),
               "best.uniform": best.get("uniform"), "best.round": best.get("round")}
