@@ -119,3 +119,4 @@ load_ag_news.params = {
                                "model.vocab_size to the same value)", check=lambda v: None if isinstance(v, int)
                         and v >= 3 else "must be an integer >= 3"),
 }
+load_ag_news.defaults = {"model": {"name": "fasttext"}}

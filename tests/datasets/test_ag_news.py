@@ -72,7 +72,8 @@ def test_one_round_fasttext_run(tmp_path):
     from pflkit.core.engine.config import resolve
 
     write_ag_news(tmp_path, train=TRAIN * 5, test=TEST * 5)
-    assert "ag_news" in reg.DATASETS.names()
+    assert "ag_news" in reg.DATASETS.names() and isinstance(reg.DATASETS.get("ag_news").params, dict)
+    assert load_ag_news.defaults == {"model": {"name": "fasttext"}}
     cfg = resolve([{"rounds": 1, "seed": 0, "output_dir": str(tmp_path / "runs"),
                     "dataset": {"name": "ag_news", "root": str(tmp_path), "max_len": 16, "vocab_size": 64},
                     "model": {"name": "fasttext", "vocab_size": 64},
