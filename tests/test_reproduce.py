@@ -291,3 +291,23 @@ def test_a_table_entry_that_fails_to_load_is_reported_not_raised():
     assert [f.name for f in failures] == ["x:absent"]
     assert "table 'x:absent' from distribution 'pflkit-x' failed to load: FileNotFoundError" in str(failures[0])
     assert tables.get("x:ok").data["paper"]["table"] == 3
+
+
+def test_set_overrides_every_cell_and_labels_every_line(tmp_path, tiny_file):
+    out = tmp_path / "out"
+    result = run("--table-file", str(tiny_file), "--seeds", "0", "--rows", "fedavg", "--cols", "mean", "--out",
+                 str(out), "--set", "rounds=1", "--set", "split.fraction=0.3")
+    assert result.exit_code == 0, result.output
+    import json
+    summary = json.loads((out / "mean" / "runs" / "fedavg-seed0" / "summary.json").read_text())
+    assert summary["rounds_completed"] == 1  # the table says 20 rounds; --set wins in every cell
+    label = "paper scale with --set rounds=1 split.fraction=0.3, not the paper's setting"
+    assert {r["scale"] for r in csv.DictReader((out / "results.csv").open())} == {label}
+    md = (out / "results.md").read_text()
+    assert "overridden by the command line's --set" in md
+    for line in md.splitlines():
+        if line.strip() and not line.startswith("| method") and not line.startswith("|---"):
+            assert label in line, line
+    bad = run("--table-file", str(tiny_file), "--out", str(tmp_path / "o2"), "--set", "train.lrr=0.1")
+    assert "lrr" in one_line_error(bad)
+    assert not (tmp_path / "o2").exists()

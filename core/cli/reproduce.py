@@ -42,10 +42,13 @@ def _tables(table_file: Optional[str]) -> List:
               help="Output folder (default: reproduce-<table>-<scale>): results.md, results.csv and one fl compare "
                    "folder per column (resumable).")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1), help="Runs at a time.")
+@click.option("--set", "-s", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key in every cell (device=cuda, rounds=50). Repeatable. Labelled in every "
+                   "output line: not the paper's setting.")
 @friendly_errors
 def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table_file: Optional[str],
                       rows: Optional[str], cols: Optional[str], seeds: str, scale: str, out_dir: Optional[str],
-                      jobs: int) -> None:
+                      jobs: int, sets: tuple) -> None:
     """Run TABLE (fl reproduce --list) and write the paper's numbers beside pflkit's.
 
     Every cell runs through fl compare (one comparison per column, finished runs reused). results.md and results.csv
@@ -53,7 +56,7 @@ def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table
     within the paper's spread, and the rows ranked both ways. Missing data are named, with the fl data install
     command or the files to place, before anything runs (exit 2).
     """
-    from ..results.reproduce import QUICK_LABEL, list_lines, reproduce
+    from ..results.reproduce import list_lines, reproduce, scale_label
     from ..results.tables import check_table
 
     if do_list or do_check:
@@ -82,9 +85,10 @@ def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table
     out = Path(out_dir or f"reproduce-{chosen.name.replace(':', '-')}-{scale}")
     report = reproduce(chosen, out, rows=_names(rows, "rows") if rows else None,
                        cols=_names(cols, "cols") if cols else None, seeds=_seeds(seeds), scale=scale, jobs=jobs,
-                       echo=click.echo)
+                       echo=click.echo, sets=list(sets))
     click.echo(report["markdown"])
-    tag = f"[{QUICK_LABEL}] " if scale == "quick" else ""
+    label = scale_label(scale == "quick", list(sets))
+    tag = f"[{label}] " if label else ""
     click.echo(f"{tag}table: {report['files']['markdown']}  (csv: {report['files']['csv']})")
     if report["incomplete"]:
         click.echo(f"{tag}{report['incomplete']} run(s) failed or are incomplete; rerun the same command to "

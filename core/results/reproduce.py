@@ -20,12 +20,24 @@ from ..api import registry as reg
 from ..common.errors import ConfigError, DataError, PflError
 from ..data.data import dataset_root, load_dataset
 from ..data.datasources import sources_of
-from ..engine.config import resolve
+from ..engine.config import deep_merge, parse_sets, resolve
 from ..storage.rundata import read_records, read_summary
 from .compare import parse_entry, run_comparison
 from .tables import Column, Table
 
 QUICK_LABEL = "quick scale, not the paper's setting"
+
+
+def scale_label(quick: bool, sets: Sequence[str] = ()) -> str:
+    """What every output line is tagged with when the cells are not the paper's setting ('' when they are)."""
+    if not sets:
+        return QUICK_LABEL if quick else ""
+    return f"{'quick scale' if quick else 'paper scale'} with --set {' '.join(sets)}, not the paper's setting"
+
+
+def _cell_layer(table: Table, column: Column, quick: bool, overrides: Mapping[str, Any]) -> Dict[str, Any]:
+    """A column's config layer, with the command line's ``--set`` overrides on top (every cell alike)."""
+    return deep_merge(table.layer(column, quick), dict(overrides)) if overrides else table.layer(column, quick)
 
 
 def _select(what: str, wanted: Optional[Sequence[str]], have: Sequence[str]) -> List[str]:
@@ -65,11 +77,10 @@ def data_status(cfg: Any, load: bool) -> Tuple[Optional[bool], str]:
     return True, "loads"
 
 
-def _column_cfg(table: Table, column: Column, quick: bool) -> Any:
+def _column_cfg(table: Table, column: Column, quick: bool, overrides: Mapping[str, Any] = {}) -> Any:
     entry = parse_entry(table.rows[0].spec())
-    from ..engine.config import parse_sets
-
-    return resolve([table.layer(column, quick), parse_sets(entry.sets), {"seed": 0}], algorithm=entry.algorithm)
+    return resolve([_cell_layer(table, column, quick, overrides), parse_sets(entry.sets), {"seed": 0}],
+                   algorithm=entry.algorithm)
 
 
 def list_lines(tables: Sequence[Table]) -> List[str]:
@@ -88,11 +99,12 @@ def list_lines(tables: Sequence[Table]) -> List[str]:
     return out
 
 
-def missing_data(table: Table, columns: Sequence[Column], quick: bool) -> List[str]:
+def missing_data(table: Table, columns: Sequence[Column], quick: bool,
+                 overrides: Mapping[str, Any] = {}) -> List[str]:
     """One line per selected column whose dataset is not there, naming the command or the files to place."""
     out = []
     for column in columns:
-        cfg = _column_cfg(table, column, quick)
+        cfg = _column_cfg(table, column, quick, overrides)
         present, words = data_status(cfg, load=True)
         if not present:
             out.append(f"column {column.id}: {words}")
@@ -139,17 +151,24 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
 
 def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
               cols: Optional[Sequence[str]] = None, seeds: Sequence[int] = (0,), scale: str = "paper",
-              jobs: int = 1, echo: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Run the selected cells (every seed) and write ``results.md`` and ``results.csv`` into ``out_dir``."""
+              jobs: int = 1, echo: Callable[[str], None] = print, sets: Sequence[str] = ()) -> Dict[str, Any]:
+    """Run the selected cells (every seed) and write ``results.md`` and ``results.csv`` into ``out_dir``.
+
+    ``sets`` (``KEY=VALUE``, as ``fl run --set``) override every cell's config, e.g. ``device=cuda`` or a smaller
+    ``rounds``; like ``quick`` scale, they label every output line as not the paper's setting.
+    """
     if scale not in ("paper", "quick"):
         raise ConfigError(f"--scale {scale!r}: expected paper or quick")
     quick = scale == "quick"
-    tag = f"[{QUICK_LABEL}] " if quick else ""
+    sets = list(sets)
+    overrides = parse_sets(sets)
+    scale_text = scale_label(quick, sets)
+    tag = f"[{scale_text}] " if scale_text else ""
     row_ids = _select("rows", rows, [r.id for r in table.rows])
     col_ids = _select("cols", cols, [c.id for c in table.columns])
     chosen_rows = [r for r in table.rows if r.id in row_ids]
     chosen_cols = [c for c in table.columns if c.id in col_ids]
-    missing = missing_data(table, chosen_cols, quick)
+    missing = missing_data(table, chosen_cols, quick, overrides)
     if missing:
         raise ConfigError("missing data, nothing run: " + "; ".join(missing))
     out_dir = Path(out_dir)
@@ -159,9 +178,10 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     specs = [r.spec() for r in chosen_rows]
     home: Dict[str, str] = {}  # setting -> the folder of its comparison: the table's first column of that setting,
     for column in table.columns:  # whichever columns are selected, so a narrower --cols reuses the runs
-        home.setdefault(json.dumps(table.layer(column, quick), sort_keys=True, default=str), column.id)
+        home.setdefault(json.dumps(_cell_layer(table, column, quick, overrides), sort_keys=True, default=str),
+                        column.id)
     for column in chosen_cols:
-        layer = table.layer(column, quick)
+        layer = _cell_layer(table, column, quick, overrides)
         key = json.dumps(layer, sort_keys=True, default=str)
         if key in done:
             comparison = done[key]
@@ -188,7 +208,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
                 mean = scale_factor * raw
                 std = scale_factor * math.sqrt(sum((v - raw) ** 2 for v in values) / len(values))
             results[row.id, column.id] = {"mean": mean, "std": std, "runs": len(values)}
-    report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick)
+    report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick, scale_text)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.md").write_text(report["markdown"])
     (out_dir / "results.csv").write_text(report["csv"])
@@ -201,9 +221,9 @@ def _fmt(value: Optional[float], digits: int = 2) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool) -> Dict[str, Any]:
-    tag = f"[{QUICK_LABEL}] " if quick else ""
-    scale = QUICK_LABEL if quick else "paper"
+def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, label: str) -> Dict[str, Any]:
+    tag = f"[{label}] " if label else ""
+    scale = label or "paper"
     csv_rows = []
     for column in cols:
         for row in rows:
@@ -224,9 +244,12 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool) ->
     writer.writeheader()
     writer.writerows(csv_rows)
     md = [f"# {tag}{table.title()}", ""]
-    if quick:
-        md += [f"{tag}These numbers are at quick scale (fewer rounds, a fraction of the data): they are not the "
-               f"paper's setting and are not comparable with its numbers.", ""]
+    if label:
+        what = "at quick scale (fewer rounds, a fraction of the data)" if quick else "at the paper's scale"
+        if label != QUICK_LABEL:
+            what += ", with every cell's config overridden by the command line's --set"
+        md += [f"{tag}These numbers are {what}: they are not the paper's setting and are not comparable with its "
+               f"numbers.", ""]
     m = table.metric
     md += [f"{tag}Paper's metric: {m['model']} model, {m['clients']} clients, {m['mean']} mean, "
            f"{'best round' if m['round'] == 'best' else 'mean of the last %s rounds' % m.get('k')}, "
