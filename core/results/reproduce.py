@@ -66,6 +66,12 @@ def data_status(cfg: Any, load: bool) -> Tuple[Optional[bool], str]:
         found = next((src.present_in(base) for src in sources if src.present_in(base)), None)
         if found:
             return True, f"present in {found}"
+        if load:  # the loader may read the original release's files instead (MNIST's idx files under MNIST/raw)
+            try:
+                load_dataset(cfg)
+                return True, "loads"
+            except DataError:
+                pass
         hint = f" --root {root}" if root not in (None, "") else ""
         return False, f"dataset {name} absent from {base}: fl data install {name}{hint}"
     if not load:
