@@ -12,7 +12,7 @@ from ..api.fold import MeanFold
 from ..common.errors import PflError
 from .privacy import PrivacyGuard
 from ..api.protocol import Message, first_non_finite, payload_nbytes
-from .replies import EVALUATE, ReplyChecks
+from .replies import EVALUATION_KINDS, ReplyChecks
 from ..common.seeding import derive_seed
 
 log = logging.getLogger("pflkit")
@@ -132,7 +132,7 @@ class Communicator:
                 self.backend.keep(cid)  # accepted: its rollback snapshot may go
             if fold and fields:
                 folded[cid] = fields
-            if kinds[cid] == EVALUATE and self.checks is not None and isinstance(reply, dict):
+            if kinds[cid] in EVALUATION_KINDS and self.checks is not None and isinstance(reply, dict):
                 reply["num_samples"] = self.checks.test_size(cid)  # the count is the core's own
             if accounted and "train_loss" in reply:
                 self.traffic.train_replies[cid] = reply
