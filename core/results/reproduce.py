@@ -10,6 +10,7 @@ the rows ranked both ways (Kendall's tau between the two orders, and whether the
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -23,7 +24,7 @@ from ..data.datasources import sources_of
 from ..engine.config import deep_merge, parse_sets, resolve
 from ..storage.rundata import read_records, read_summary
 from .compare import parse_entry, run_comparison
-from .tables import Column, Table
+from .tables import Column, Row, Table
 
 QUICK_LABEL = "quick scale, not the paper's setting"
 
@@ -38,6 +39,21 @@ def scale_label(quick: bool, sets: Sequence[str] = ()) -> str:
 def _cell_layer(table: Table, column: Column, quick: bool, overrides: Mapping[str, Any]) -> Dict[str, Any]:
     """A column's config layer, with the command line's ``--set`` overrides on top (every cell alike)."""
     return deep_merge(table.layer(column, quick), dict(overrides)) if overrides else table.layer(column, quick)
+
+
+def _row_spec(row: Row, overrides: Mapping[str, Any]) -> str:
+    """The row's ``fl compare`` entry with the ``--set`` overrides of the options it sets itself: an entry's own
+    settings win over the shared layers, so without this a row's option would silently beat ``--set``."""
+    def own(opts: Mapping[str, Any], over: Mapping[str, Any]) -> Dict[str, Any]:
+        out = {}
+        for key, value in over.items():
+            if key in opts:
+                both = isinstance(opts[key], Mapping) and isinstance(value, Mapping)
+                out[key] = own(opts[key], value) if both else value
+        return out
+
+    mine = own(row.options, overrides)
+    return dataclasses.replace(row, options=deep_merge(row.options, mine)).spec() if mine else row.spec()
 
 
 def _select(what: str, wanted: Optional[Sequence[str]], have: Sequence[str]) -> List[str]:
@@ -83,8 +99,10 @@ def data_status(cfg: Any, load: bool) -> Tuple[Optional[bool], str]:
     return True, "loads"
 
 
-def _column_cfg(table: Table, column: Column, quick: bool, overrides: Mapping[str, Any] = {}) -> Any:
-    entry = parse_entry(table.rows[0].spec())
+def _column_cfg(table: Table, column: Column, quick: bool, overrides: Mapping[str, Any] = {},
+                row: Optional[Row] = None) -> Any:
+    """A column's config as one row resolves it (the first row by default): its dataset is every row's."""
+    entry = parse_entry((row or table.rows[0]).spec())
     return resolve([_cell_layer(table, column, quick, overrides), parse_sets(entry.sets), {"seed": 0}],
                    algorithm=entry.algorithm)
 
@@ -106,11 +124,12 @@ def list_lines(tables: Sequence[Table]) -> List[str]:
 
 
 def missing_data(table: Table, columns: Sequence[Column], quick: bool,
-                 overrides: Mapping[str, Any] = {}) -> List[str]:
-    """One line per selected column whose dataset is not there, naming the command or the files to place."""
+                 overrides: Mapping[str, Any] = {}, row: Optional[Row] = None) -> List[str]:
+    """One line per selected column whose dataset is not there, naming the command or the files to place.
+    ``row``: a selected row, which resolves the cells' config (``overrides`` may name options only it has)."""
     out = []
     for column in columns:
-        cfg = _column_cfg(table, column, quick, overrides)
+        cfg = _column_cfg(table, column, quick, overrides, row)
         present, words = data_status(cfg, load=True)
         if not present:
             out.append(f"column {column.id}: {words}")
@@ -200,14 +219,14 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     col_ids = _select("cols", cols, [c.id for c in table.columns])
     chosen_rows = [r for r in table.rows if r.id in row_ids]
     chosen_cols = [c for c in table.columns if c.id in col_ids]
-    missing = missing_data(table, chosen_cols, quick, overrides)
+    missing = missing_data(table, chosen_cols, quick, overrides, chosen_rows[0] if chosen_rows else None)
     if missing:
         raise ConfigError("missing data, nothing run: " + "; ".join(missing))
     out_dir = Path(out_dir)
     results: Dict[Tuple[str, str], Dict[str, Any]] = {}
     incomplete = 0
     done: Dict[str, Dict[str, Any]] = {}  # columns of one setting scored differently share one comparison
-    specs = [r.spec() for r in chosen_rows]
+    specs = [_row_spec(r, overrides) for r in chosen_rows]
     home: Dict[str, str] = {}  # setting -> the folder of its comparison: the table's first column of that setting,
     for column in table.columns:  # whichever columns are selected, so a narrower --cols reuses the runs
         home.setdefault(json.dumps(_cell_layer(table, column, quick, overrides), sort_keys=True, default=str),
