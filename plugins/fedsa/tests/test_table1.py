@@ -82,7 +82,8 @@ def test_table1_cells_resolve_with_the_papers_hyperparameters():
     assert cfg("fedprox", "pr_cifar10").trainer.mu == 0.001
     assert cfg("ditto", "pr_cifar10").trainer.lam == 0.001
     moon = cfg("moon", "pr_cifar100_r34")
-    assert (moon.trainer.tau, moon.model.name) == (1.0, "resnet34")
+    assert (moon.trainer.tau, moon.trainer.mu, moon.model.name, moon.model.projection_dim) == (1.0, 1.0, "resnet34",
+                                                                                                256)
     q = cfg("fedsa_c5", "pr_cifar100", quick=True)  # quick scale: fewer rounds, 5 % of the data, width 16
     assert (q.rounds, q.split.fraction, q.model.width, q.partition.min_size) == (5, 0.05, 16, 400)
     assert cfg("fedavg", "pa_tiny", quick=True).dataset.image_size == 32
