@@ -33,7 +33,8 @@ def reproduce(table: str, out: Path, root: Path, cols: Sequence[str], rows: Sequ
     for line in result.output.splitlines():  # every line naming a cell or a column is labelled
         if line.startswith("[") or "column" in line:
             assert NOT_PAPER in line, line
-    cells = {(r["row"], r["column"]): r for r in csv.DictReader((out / "results.csv").open())}
+    with (out / "results.csv").open(newline="") as fh:
+        cells = {(r["row"], r["column"]): r for r in csv.DictReader(fh)}
     assert sorted(cells) == sorted((r, c) for r in rows for c in cols)
     t = installed_table(table)
     for (row, col), cell in cells.items():
