@@ -125,12 +125,17 @@ def list_lines(tables: Sequence[Table]) -> List[str]:
 
 def missing_data(table: Table, columns: Sequence[Column], quick: bool,
                  overrides: Mapping[str, Any] = {}, row: Optional[Row] = None) -> List[str]:
-    """One line per selected column whose dataset is not there, naming the command or the files to place.
-    ``row``: a selected row, which resolves the cells' config (``overrides`` may name options only it has)."""
+    """One line per selected column whose dataset is not there, naming the command or the files to place. Columns
+    of one dataset setting (e.g. a table's per-domain columns) load it once. ``row``: a selected row, which
+    resolves the cells' config (``overrides`` may name options only it has)."""
     out = []
+    checked: Dict[str, Tuple[Optional[bool], str]] = {}
     for column in columns:
         cfg = _column_cfg(table, column, quick, overrides, row)
-        present, words = data_status(cfg, load=True)
+        key = json.dumps(cfg.dataset, sort_keys=True, default=str)
+        if key not in checked:
+            checked[key] = data_status(cfg, load=True)
+        present, words = checked[key]
         if not present:
             out.append(f"column {column.id}: {words}")
     return out
