@@ -121,7 +121,7 @@ def test_no_global_model_and_opt_out(tmp_path, registries_snapshot):
     _, summary = tiny_run("fedper", tmp_path / "fedper")  # the trainer shares the body only: no whole model
     assert summary["global"] is None
     assert not any(k.startswith("global_") for r in _records(tmp_path / "fedper") for k in r)
-    assert "global model accuracy none (this algorithm has no global model)" in \
+    assert "global model none (this algorithm has no global model)" in \
         " ".join(format_summary(summary).split())
 
     class OptedOut(FedAvgAggregator):
