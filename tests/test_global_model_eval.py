@@ -121,7 +121,7 @@ def test_no_global_model_and_opt_out(tmp_path, registries_snapshot):
     _, summary = tiny_run("fedper", tmp_path / "fedper")  # the trainer shares the body only: no whole model
     assert summary["global"] is None
     assert not any(k.startswith("global_") for r in _records(tmp_path / "fedper") for k in r)
-    assert "global model accuracy none (this algorithm has no global model)" in \
+    assert "global model none (this algorithm has no global model)" in \
         " ".join(format_summary(summary).split())
 
     class OptedOut(FedAvgAggregator):
@@ -192,6 +192,11 @@ def test_resumed_run_reports_what_the_uninterrupted_run_does(tmp_path):
     resumed = Simulation.resume(tmp_path / "part", tensorboard=False).run()
     assert resumed["global"] == whole["global"] and resumed["global"]["evaluations"] == 3
     assert _global(_records(tmp_path / "part")) == _global(_records(tmp_path / "whole"))
+    # fl export --summary: the global model's final and best beside the personal ones
+    res = CliRunner().invoke(cli, ["export", str(tmp_path / "whole"), "--csv", "-", "--summary"])
+    row = next(csv.DictReader(res.output.splitlines()))
+    assert float(row["global_final_uniform"]) == whole["global"]["final"]["uniform"]
+    assert float(row["global_best_weighted"]) == whole["global"]["best_weighted"]["weighted"]
 
 
 def test_batched_clients_score_their_global_model(tmp_path):

@@ -104,6 +104,9 @@ def global_model_line(algorithm: str) -> str:
         try:
             server, trainer = sim.server, sim.trainer_cls
             if global_model_of(server) is not None:
+                if personal_is_global(trainer) and sim.global_eval.adaptation is not None:
+                    return ("global model: reported -- evaluated on its own at each evaluation: eval.adapt fine-tunes "
+                            "the personal model (the trainer's personal model is otherwise the global one)")
                 if personal_is_global(trainer):
                     return ("global model: reported (global_<metric>/... in metrics.jsonl, summary.json 'global'); "
                             "the personal model is the global model (the trainer declares personal_is_global), so "

@@ -39,28 +39,36 @@ class GlobalEvaluation:
         self.prefix = f"global_{metric}"
         self.history = History(self.prefix, higher_is_better)
         self.reuse_declared = personal_is_global(trainer_cls)
+        self._carried: Any = None  # the state every evaluate message of this round carried (note_evaluate_messages)
         self.adaptation = adaptation  # eval.adapt: an adapted personal model is not the global one
 
-    def reuses(self, rnd: int, state: Any, messages: Mapping[int, Message], client_ids: Sequence[int]) -> bool:
+    def note_evaluate_messages(self, messages: Mapping[int, Message], client_ids: Sequence[int]) -> None:
+        """Called with the round's evaluate messages: keeps the one state every client's message carried, if there
+        is one (a single reference; per-client messages are not kept alive), for :meth:`reuses`."""
+        carried = [m.payload.get("params") if isinstance(m.payload, dict) else None for m in messages.values()]
+        whole = self.reuse_declared and set(messages) == set(client_ids) and carried and carried[0] is not None
+        self._carried = carried[0] if whole and all(c is carried[0] for c in carried) else None
+
+    def reuses(self, rnd: int, state: Any) -> bool:
         """Whether the personal evaluation of round ``rnd`` scored ``state`` on every client, as checked here: the
         trainer declares it scores what it receives, every client got an evaluate message carrying ``state``
         itself, and no evaluation-time adaptation applied."""
         if not self.reuse_declared or (self.adaptation is not None and self.adaptation.applies(rnd)):
             return False
-        return set(messages) == set(client_ids) and all(
-            isinstance(m.payload, dict) and m.payload.get("params") is state for m in messages.values())
+        return self._carried is not None and self._carried is state
 
-    def evaluate(self, rnd: int, server: Any, messages: Mapping[int, Message], personal: Mapping[str, float],
-                 client_ids: Sequence[int], send: Callable[[Dict[int, Message]], Dict[int, Dict[str, Any]]]
-                 ) -> Dict[str, float]:
+    def evaluate(self, rnd: int, server: Any, personal: Mapping[str, float], client_ids: Sequence[int],
+                 send: Callable[[Dict[int, Message]], Dict[int, Dict[str, Any]]]) -> Dict[str, float]:
         """The round's global-model numbers (the record's keys), {} when the aggregator has no global model now.
-        ``messages``: the round's evaluate messages; ``personal``: its personal summary; ``send``: the
+        ``personal``: the round's personal summary (after :meth:`note_evaluate_messages`); ``send``: the
         communicator's unaccounted send (evaluation traffic is no algorithm cost)."""
         state = global_model_of(server)
         if state is None:
             return {}
         m = self.metric
-        if self.reuses(rnd, state, messages, client_ids):
+        reused = self.reuses(rnd, state)
+        self._carried = None  # the reference goes with the round
+        if reused:
             out = {f"{self.prefix}/{a}": personal[f"{m}/{a}"] for a in AGGREGATES if f"{m}/{a}" in personal}
             out[REUSED] = 1
         else:

@@ -4,9 +4,10 @@
   model's keys, shapes and dtypes by default), so a malformed reply is refused whatever its position.
 - A training reply's ``num_samples`` is an int from 1 to the client's training-split size (or the larger count
   its algorithm declares, ``ServerAggregator.reply_sample_limit``).
-- An evaluate reply's sums (``evaluate``, and ``evaluate_global``: the global model's evaluation) are over the client's own test split: ``loss_sum`` and ``metric_sum`` present, finite
-  and >= 0, a classification ``metric_sum`` at most the split's size; its count is the core's own (a reply that
-  states another one is refused, its sums being over other samples).
+- An evaluate reply's sums (``evaluate``, and ``evaluate_global``: the global model's evaluation) are over the
+  client's own test split: ``loss_sum`` and ``metric_sum`` present, finite and >= 0, a classification
+  ``metric_sum`` at most the split's size; its count is the core's own (a reply that states another one is
+  refused, its sums being over other samples).
 
 A refused reply is one failed client, counted and logged like any other (``Communicator._reject``).
 """

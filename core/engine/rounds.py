@@ -353,13 +353,13 @@ class RoundLoop:
         metrics = per_client_metric(results)
         if metrics:
             self.logger.log_histogram(f"{self.task.metric_name}/per_client", list(metrics.values()))
-        self.last_evaluate_messages = messages  # the global model's evaluation checks what they carried
+        self.global_eval.note_evaluate_messages(messages, self.client_ids)  # what they carried, for a reuse
         return summary
 
     def evaluate_global(self, rnd: int, personal: Dict[str, float]) -> Dict[str, float]:
         """The global model beside the personal ones (core/engine/globaleval.py): its record keys, {} without one."""
-        return self.global_eval.evaluate(rnd, self.server, getattr(self, "last_evaluate_messages", {}), personal,
-                                         self.client_ids, lambda msgs: self.comm.send(msgs, accounted=False))
+        return self.global_eval.evaluate(rnd, self.server, personal, self.client_ids,
+                                         lambda msgs: self.comm.send(msgs, accounted=False))
 
     def _stop_requested(self, stop: "_GracefulInterrupt") -> bool:
         """Ctrl-C seen; in a distributed run, seen by any process (they all stop after the same round)."""

@@ -75,13 +75,14 @@ def _mean_std(values: Sequence[float]) -> Dict[str, float]:
 
 def _read_curve(run_dir: Path, metric: str) -> Tuple[Dict[str, List[float]], float]:
     """Evaluated rounds and their uniform / weighted metric from a run's ``metrics.jsonl``, and the seconds the
-    run spent in its rounds (training + evaluation, as logged per round). The file is read as untrusted data
+    run spent in its rounds (training + evaluations, as logged per round). The file is read as untrusted data
     (``rundata.read_records``: bounded, regular files only, strict JSON); a value that is not a number counts as
     absent."""
     rounds, uniform, weighted = [], [], []
     seconds = 0.0
     for row in read_records(run_dir / "metrics.jsonl"):
-        seconds += _finite(row.get("round_seconds"), 0.0) + _finite(row.get("eval_seconds"), 0.0)
+        seconds += _finite(row.get("round_seconds"), 0.0) + _finite(row.get("eval_seconds"), 0.0) + \
+            _finite(row.get("global_eval_seconds"), 0.0)  # the global model's evaluation, where it has its own
         value = _finite(row.get(f"{metric}/uniform"), None)
         if value is not None:
             rounds.append(row["round"])

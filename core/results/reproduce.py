@@ -337,14 +337,14 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
     own = [r for r in rows if r.metric]
     if own:
         md += [f"{tag}Rows scored unlike their columns:", ""]
-        md += [f"- {tag}{r.label}: {_own_metric_text(table, r, cols)}"
-               for r in own]
+        md += [f"- {tag}{r.label}: {_own_metric_text(table, r, cols)}" for r in own]
         md.append("")
     md += [f"{tag}Rows' hyperparameters:", ""] + [f"- {tag}{r.label} (`{r.spec()}`): {r.source}" for r in rows]
     return {"markdown": "\n".join(md) + "\n", "csv": buf.getvalue(), "cells": csv_rows}
 
 
 def _own_metric_text(table: Table, row, cols) -> str:
+    """A row with its own metric, as the report names it: which model, which pflkit key, and its note saying why."""
     metric = table.metric_of(row.id, cols[0]) if cols else row.metric
     return f"{metric['model']} model, pflkit metric {metric['pflkit']} ({metric['note']})"
 

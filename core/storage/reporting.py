@@ -58,16 +58,15 @@ def format_summary(result: Dict[str, Any]) -> str:
 
 
 def _global_rows(section: Any, m: str, fmt) -> list:
-    """The global model's numbers (summary.json's ``global``): on every client's test split, beside the personal."""
+    """The global model's numbers (summary.json's ``global``, core/engine/globaleval.py): its plain evaluation on
+    every client's test split, beside the personal numbers above."""
     if not isinstance(section, dict):
-        return [(f"global model {m}", "none (this algorithm has no global model)")]
+        return [("global model", "none (this algorithm has no global model)")]
     fin, best, best_w = section.get("final") or {}, section.get("best") or {}, section.get("best_weighted") or {}
-    how = ("the personal numbers: its personal model is the global model" if section.get("source") == "personal"
-           else "evaluated on every client's test split")
-    return [(f"global model {m}, final uniform / weighted", f"{fmt(fin.get('uniform'))} / {fmt(fin.get('weighted'))}"
-                                                          f" ({how})"),
-            (f"global model {m}, best uniform (round {best.get('round')})", fmt(best.get("uniform"))),
-            (f"global model {m}, best sample-weighted (round {best_w.get('round')})", fmt(best_w.get("weighted")))]
+    same = " (the personal model is the global one)" if section.get("source") == "personal" else ""
+    return [(f"global {m}, final uniform / weighted", f"{fmt(fin.get('uniform'))} / {fmt(fin.get('weighted'))}{same}"),
+            (f"global {m}, best uniform (round {best.get('round')})", fmt(best.get("uniform"))),
+            (f"global {m}, best weighted (round {best_w.get('round')})", fmt(best_w.get("weighted")))]
 
 
 def report_result(result: Dict[str, Any], run_dir: Path) -> bool:

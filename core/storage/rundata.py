@@ -488,10 +488,20 @@ def summary_table(runs: Sequence[RunData], config_keys: Sequence[str] = ()) -> L
             "final_uniform": final.get("uniform"), "final_weighted": final.get("weighted"),
             "final_k": final.get("k"), "best_uniform": best.get("uniform"), "best_round": best.get("round"),
             "best_weighted": best.get("weighted"),
+            **_global_columns(s),
             "client_failures": s.get("client_failures", _logged_failures(run.records)),
             "bytes_up_total": s.get("bytes_up_total"),
         })
     return rows
+
+
+def _global_columns(summary: Dict[str, Any]) -> Dict[str, Any]:
+    """The global model's final and best numbers (summary.json's ``global``); empty cells without one."""
+    glob = summary.get("global") if isinstance(summary.get("global"), dict) else {}
+    final, best, best_w = (glob.get(k) if isinstance(glob.get(k), dict) else {} for k in
+                           ("final", "best", "best_weighted"))
+    return {"global_final_uniform": final.get("uniform"), "global_final_weighted": final.get("weighted"),
+            "global_best_uniform": best.get("uniform"), "global_best_weighted": best_w.get("weighted")}
 
 
 def _logged_failures(records: Sequence[Dict[str, Any]]) -> int:
