@@ -489,7 +489,8 @@ def test_fast_path_all_reduces_fedavg_close_to_the_serial_numbers(tmp_path, misb
         if "config" in job:
             job["sets"] = job["sets"] + fast
     _start_and_join(_fast_worker, (2, _free_port(), jobs, str(tmp_path)))
-    # fit sends (3 rounds) and evaluations (every round) of both runs went through the fast path on both ranks
+    # fit sends (3 rounds) and evaluations (every round) of both runs went through the fast path on both ranks (the
+    # misbehaving run's global-model evaluations, the core's own exchange, fold no field and are not counted)
     assert [int((tmp_path / f"rank{r}").read_text()) for r in (0, 1)] == [30, 30]  # 15 rounds in all, 2 sends each
     whole = _records(tmp_path / "fast-fedavg")
     assert _records(tmp_path / "fast-part") == whole  # resumed on the same world size: bit for bit

@@ -62,6 +62,11 @@ label = "clients 0 and 2"
 metric = { mean = "per_client", pflkit = "final_clients" }
 clients = [0, 2]
 
+[[columns]]
+id = "pooled"
+label = "best pooled accuracy"
+metric = { mean = "weighted", round = "best", pflkit = "best_weighted" }
+
 [[rows]]
 id = "fedavg"
 label = "FedAvg"
@@ -76,8 +81,8 @@ options = { trainer = { mu = 0.1 } }
 source = "mu from the paper"
 
 [numbers]
-fedavg = { mean = [50.0, 100.0], worst = [40.0], third = [45.0, 1.0], ends = [47.0] }
-fedprox = { mean = [51.0, 0.001], worst = "not reported", third = [46.0], ends = "not reported" }
+fedavg = { mean = [50.0, 100.0], worst = [40.0], third = [45.0, 1.0], ends = [47.0], pooled = [52.0] }
+fedprox = { mean = [51.0, 0.001], worst = "not reported", third = [46.0], ends = "not reported", pooled = [53.0] }
 
 [[chosen]]
 setting = "partition.seed"
@@ -134,7 +139,7 @@ def test_table_registered_in_process_is_listed_and_checked(registries_snapshot):
     reg.TABLES.register("tests:tiny", reg.parse_table_text(TINY_TABLE, "<test>"))
     result = run("--check")
     assert result.exit_code == 0, result.output
-    assert "tests:tiny: ok (2 rows x 4 columns, 8 cells resolved)" in result.output
+    assert "tests:tiny: ok (2 rows x 5 columns, 10 cells resolved)" in result.output
     assert "tests:tiny: A tiny synthetic table" in run("--list").output
 
 
@@ -153,6 +158,21 @@ def test_table_registered_in_process_is_listed_and_checked(registries_snapshot):
     (('pflkit = "final_min"', 'pflkit = "final_minimum"'), "Did you mean 'final_min'?"),
     (("rounds = 20", "roundz = 20"), "unknown key 'roundz'"),
     (("[[chosen]]", "[[chosen]]\nwhom = 1"), "chosen[0]: unknown key 'whom'"),
+    # the scored model and the pflkit key agree: global needs a *_global_* key, personal one without
+    (('pflkit = "best_weighted" }', 'pflkit = "best_global_weighted" }'),
+     "columns[4].metric: model = 'personal' is not scored by pflkit = 'best_global_weighted', a global model's key"),
+    (('model = "personal"', 'model = "global"'),
+     "metric: model = 'global' is not scored by pflkit = 'final_uniform', a personal model's key; use one of "
+     "final_global_uniform"),
+    # a row's own metric: checked in every column, with its own note
+    (('source = "defaults"', 'source = "defaults"\nmetric = { pflkit = "final_weighted" }'),
+     "rows[0].metric: 'note' is missing"),
+    (('source = "defaults"', 'source = "defaults"\nmetric = { pflkit = "best_global_uniform", note = "x" }'),
+     "rows[0].metric (column mean): model = 'personal' is not scored by pflkit = 'best_global_uniform'"),
+    (('source = "defaults"', 'source = "defaults"\nmetric = { pflkit = "final_weighted", note = "x" }'),
+     "rows[0].metric (column third): pflkit = 'final_weighted' in a column that scores clients by id"),
+    (('source = "defaults"', 'source = "defaults"\nmetric = { modle = "personal", note = "x" }'),
+     "rows[0].metric: unknown key 'modle'. Did you mean 'model'?"),
 ])
 def test_bad_table_file_is_one_line_exit_2(tmp_path, edit, words):
     path = tmp_path / "bad.toml"
@@ -222,6 +242,11 @@ def test_quick_reproduction_end_to_end(tmp_path, tiny_file):
     assert float(cell["fedavg", "ends"]["pflkit_mean"]) == pytest.approx(
         100 * sum((f["0"] + f["2"]) / 2 for f in finals) / 2, abs=0.006)
     assert cell["fedprox", "third"]["paper_mean"] == "46.00" and cell["fedprox", "third"]["pflkit_mean"]
+    # best_weighted: each run's best evaluation of the pooled accuracy (summary.json's best_weighted), mean over seeds
+    best_pooled = [json.loads((out / "mean" / "runs" / f"fedavg-seed{seed}" / "summary.json").read_text())
+                   ["best_weighted"]["weighted"] for seed in (0, 1)]
+    assert cell["fedavg", "pooled"]["metric"] == "best_weighted"
+    assert float(cell["fedavg", "pooled"]["pflkit_mean"]) == pytest.approx(100 * sum(best_pooled) / 2, abs=0.006)
 
     md = (out / "results.md").read_text()
     for line in md.splitlines():  # every line that says something is labelled
@@ -251,6 +276,70 @@ def test_quick_reproduction_end_to_end(tmp_path, tiny_file):
     summary_path.write_text(json.dumps(summary))
     problem = finished_run_problem(summary, read_records(summary_path.parent / "metrics.jsonl"), 2, 1)
     assert problem and "final.per_client '2'" in problem
+
+
+GLOBAL_TABLE = TINY_TABLE.replace('model = "personal"', 'model = "global"').replace(
+    'pflkit = "final_uniform"', 'pflkit = "final_global_uniform"').replace(
+    'metric = { mean = "weighted", round = "best", pflkit = "best_weighted" }',
+    'metric = { mean = "weighted", round = "best", pflkit = "best_global_weighted" }').replace(
+    'pflkit = "final_min" }', 'pflkit = "final_min", model = "personal" }').replace(
+    'pflkit = "final_clients" }', 'pflkit = "final_clients", model = "personal" }').replace(
+    'options = { trainer = { mu = 0.1 } }',
+    'options = { trainer = { mu = 0.1 } }\nmetric = { model = "personal", pflkit = "final_uniform", '
+    'note = "scored by its personal model" }')
+
+
+def test_row_metric_overrides_column_and_file(tmp_path):
+    """Precedence row > column > file; a row's override applies in the columns whose metric it can replace."""
+    from pflkit.core.results.tables import parse_table
+    from pflkit.core.api.registry import parse_table_text
+
+    bad = tmp_path / "global.toml"
+    bad.write_text(GLOBAL_TABLE)  # fedprox's own metric cannot replace the final_clients columns' metric
+    assert "rows[1].metric (column third): pflkit = 'final_uniform' in a column that scores clients by id" in \
+        one_line_error(run("--check", "--table-file", str(bad)))
+    clients_columns = TINY_TABLE[TINY_TABLE.index('[[columns]]\nid = "third"'):TINY_TABLE.index(
+        '[[columns]]\nid = "pooled"')]
+    text = GLOBAL_TABLE.replace(clients_columns.replace('pflkit = "final_clients" }',
+                                                        'pflkit = "final_clients", model = "personal" }'), "")
+    for cells in (", third = [45.0, 1.0], ends = [47.0]", ', third = [46.0], ends = "not reported"'):
+        text = text.replace(cells, "")
+    table = parse_table("g", parse_table_text(text, "g.toml"))
+    cols = {c.id: c for c in table.columns}
+    assert sorted(cols) == ["mean", "pooled", "worst"]
+    assert table.metric_of("fedavg", cols["mean"])["pflkit"] == "final_global_uniform"  # the file's
+    assert table.metric_of("fedavg", cols["pooled"])["pflkit"] == "best_global_weighted"  # the column's
+    assert table.metric_of("fedavg", cols["worst"])["model"] == "personal"
+    for col in cols.values():  # the row's, over both
+        m = table.metric_of("fedprox", col)
+        assert (m["model"], m["pflkit"], m["note"]) == ("personal", "final_uniform", "scored by its personal model")
+    assert table.metric_of("fedprox", cols["pooled"])["round"] == "best"  # what the row does not replace stays
+
+
+def test_global_keys_read_from_the_summary(tmp_path):
+    """A global key reads summary.json's global section; a run whose algorithm has no global model gives the cell
+    text 'no global model', not a crash."""
+    import json
+    from pflkit.core.results.reproduce import NO_GLOBAL_MODEL, _no_value_reason, _run_value
+
+    with_global = tmp_path / "a"
+    with_global.mkdir()
+    (with_global / "summary.json").write_text(json.dumps({
+        "best_weighted": {"weighted": 0.7, "round": 3},
+        "global": {"final": {"uniform": 0.5, "weighted": 0.55}, "best": {"uniform": 0.6, "round": 2},
+                   "best_weighted": {"weighted": 0.65, "round": 2}}}))
+    run_a = {"run_dir": str(with_global)}
+    assert [_run_value(run_a, k) for k in ("best_weighted", "final_global_uniform", "final_global_weighted",
+                                           "best_global_uniform", "best_global_weighted")] == [
+        0.7, 0.5, 0.55, 0.6, 0.65]
+    without = tmp_path / "b"
+    without.mkdir()
+    (without / "summary.json").write_text(json.dumps({"best_weighted": {"weighted": 0.7}, "global": None}))
+    run_b = {"run_dir": str(without)}
+    assert _run_value(run_b, "best_global_weighted") is None
+    assert _no_value_reason(run_b, "best_global_weighted") == NO_GLOBAL_MODEL == "no global model"
+    (without / "summary.json").write_text(json.dumps({"best_weighted": {"weighted": 0.7}}))  # an older run
+    assert _no_value_reason(run_b, "final_global_uniform") == "no global-model numbers in its summary"
 
 
 def test_missing_data_named_before_any_run(tmp_path, tiny_file):

@@ -15,6 +15,7 @@ from torch import nn
 
 from .adaptation import AdaptationHooks, AdaptationSettings, evaluate_adapted
 from .batching import BatchedForm, BatchedPhase, trained_names
+from .globalmodel import GLOBAL_EVALUATE, evaluate_global
 from .params import Param, ParamSpec
 from .protocol import Message
 from .state import State, bn_keys, load_into, module_keys
@@ -56,11 +57,17 @@ class ClientTrainer:
     protocol: str = ""
     params: ParamSpec = {}
     description: str = ""
+    #: True in a trainer's own class body (not inherited): ``on_evaluate`` scores exactly the model state the
+    #: evaluate message brings, so its numbers are the global model's and the core does not evaluate that model a
+    #: second time (core/api/globalmodel.py)
+    personal_is_global: bool = False
 
     def __init__(self, ctx: ClientContext):
         self.ctx = ctx
 
     def handle(self, message: Message) -> Dict[str, Any]:
+        if message.kind == GLOBAL_EVALUATE:  # the core's plain evaluation of the global model, whatever the trainer
+            return evaluate_global(self.ctx, message.payload)
         method = getattr(self, f"on_{message.kind}", None)
         if method is None:
             raise NotImplementedError(f"{type(self).__name__} cannot handle message kind '{message.kind}'")

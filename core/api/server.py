@@ -154,6 +154,14 @@ class ServerAggregator:
         docs: Writing a plugin)."""
         return self.ctx.stores.store(name)
 
+    def global_model(self) -> Optional[State]:
+        """This strategy's global model, or None when it has none (the default here): a state holding every key of
+        the model's ``state_dict`` (the server's ``build_model``). At each evaluation the core scores it with its
+        plain evaluation on every client's test split, beside the personal models (``global_<metric>/...`` in
+        metrics.jsonl, the ``global`` section of summary.json; core/engine/globaleval.py). Read after the round's
+        evaluate messages are built; the state is sent as is, never changed."""
+        return None
+
     def setup(self, comm) -> None:
         """Called once before round 1 (e.g. to pre-train a shared generative model)."""
 
@@ -188,6 +196,9 @@ class GlobalModelAggregator(ServerAggregator):
     """
 
     protocol = "global-model"
+    #: the global state is the global model the core scores (``global_model``) when it covers the whole model; a
+    #: strategy whose global state is no model to score (e.g. a sum of updates, not weights) sets this False
+    reports_global_model: bool = True
 
     @classmethod
     def delivers_shared_state(cls) -> bool:
@@ -234,6 +245,15 @@ class GlobalModelAggregator(ServerAggregator):
 
     def configure_evaluate(self, rnd: int, clients: Sequence[int]) -> Dict[int, Message]:
         return {cid: Message("evaluate", {"params": self.global_state}) for cid in clients}
+
+    def global_model(self) -> Optional[State]:
+        """The global state, when it holds every key of the model (trainers that share only a part, e.g. FedPer's
+        body or FedBN's layers without BatchNorm, leave no whole global model to score) and the strategy does not
+        opt out (``reports_global_model = False``)."""
+        if not self.reports_global_model:
+            return None
+        whole = {key for key, _, _ in self.model_layout("state")}
+        return self.global_state if whole == set(self.global_state) else None
 
     def state_dict(self) -> Dict[str, Any]:
         return {"global_state": self.global_state}

@@ -127,6 +127,7 @@ def show_command(name: str) -> None:
                        f"beneath this algorithm's): {', '.join(runs) or '(none)'}")
             for base, reason in refused.items():
                 click.echo(f"  not with these defaults: {base} ({reason})")
+        click.echo(f"\n{dryrun.global_model_line(name)}")
         other = {k: v for k, v in defaults.items() if k not in ("trainer", "aggregator")}
         if other:
             click.echo("\nother defaults this algorithm sets:")

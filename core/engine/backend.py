@@ -12,12 +12,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
 from ..common.calltimer import ClientTimedOut, deadline, hard_limit
 from ..api.clientstate import ClientStateStore, TrainerPool
+from ..api.globalmodel import GLOBAL_EVALUATE, evaluate_global
 from ..common.errors import PflError
 from ..api.protocol import Message
 from ..common.seeding import seed_everything
@@ -215,7 +217,12 @@ class SerialBackend(ExecutionBackend):
 
     def _run_one(self, cid: int, call: Call, snapshot: bool) -> CallResult:
         """One client's call, isolated: whatever its code raises (but Ctrl-C) is a failed result."""
-        if self.pool is not None:
+        # pooled, the core's evaluation of the global model reads the client's data only: no state is swapped
+        core_eval = self.pool is not None and call.message.kind == GLOBAL_EVALUATE
+        if core_eval:
+            ctx = self.contexts[cid]
+            trainer = SimpleNamespace(ctx=ctx, handle=lambda message: evaluate_global(ctx, message.payload))
+        elif self.pool is not None:
             try:  # a trainer whose load_client_state() raises is a failed client (failures.*)
                 trainer = self.pool.bind(cid)
             except (PflError, KeyboardInterrupt):
@@ -246,7 +253,7 @@ class SerialBackend(ExecutionBackend):
         except Exception as exc:  # isolation: one client's bug must not end the run
             result = CallResult(cid, error=f"{type(exc).__name__}: {exc}",
                                 detail=traceback.format_exc(), seconds=time.perf_counter() - start)
-        if self.pool is not None:
+        if self.pool is not None and not core_eval:
             try:  # a full disk while spilling (PflError) ends the run; client_state() raising fails the client
                 self.pool.release(cid)
             except (PflError, KeyboardInterrupt):

@@ -12,7 +12,8 @@ from ..api.fold import MeanFold
 from ..common.errors import PflError
 from .privacy import PrivacyGuard
 from ..api.protocol import Message, first_non_finite, payload_nbytes
-from .replies import EVALUATE, ReplyChecks
+from ..api.globalmodel import GLOBAL_EVALUATE
+from .replies import EVALUATION_KINDS, ReplyChecks
 from ..common.seeding import derive_seed
 
 log = logging.getLogger("pflkit")
@@ -93,19 +94,22 @@ class Communicator:
                 self.traffic.bytes_down += payload_nbytes(msg.payload)
         snapshot = accounted and self.rollback_enabled
         kinds = {cid: msg.kind for cid, msg in messages.items()}
-        layouts = self._streamed_layouts(kinds)
+        # the core's own evaluation of the global model: its replies are sums, never the strategy's streamed fields
+        core_eval = bool(kinds) and all(k == GLOBAL_EVALUATE for k in kinds.values())
+        mean_fields, rank_fields = ((), ()) if core_eval else (self.mean_fields, self.rank_fields)
+        layouts = {} if core_eval else self._streamed_layouts(kinds)
 
         def vet(cid: int, reply: Any) -> Optional[str]:
             return self.vet(cid, reply, kinds[cid])
 
         vetted: Optional[Dict[int, Tuple[Optional[str], int]]] = None
         if self._owner_vets:  # each owner vets its clients' replies (before their fields enter any sum)
-            results, vetted = self.backend.execute_vetted(calls, snapshot, vet, self.rank_fields,
+            results, vetted = self.backend.execute_vetted(calls, snapshot, vet, rank_fields,
                                                           weight_of=self.reply_weight, layouts=layouts)
             arriving: Iterable[CallResult] = (results.pop(cid) for cid in sorted(results))
         else:  # one client at a time: each reply is vetted and folded before the next client runs
             arriving = self.backend.execute_each(calls, snapshot)
-        fold = MeanFold(() if self.rank_fields else self.mean_fields, self.reply_weight, layouts)
+        fold = MeanFold(() if rank_fields else mean_fields, self.reply_weight, layouts)
         folded: Dict[int, List[str]] = {}
         replies: Dict[int, Dict[str, Any]] = {}
         for res in arriving:
@@ -132,7 +136,7 @@ class Communicator:
                 self.backend.keep(cid)  # accepted: its rollback snapshot may go
             if fold and fields:
                 folded[cid] = fields
-            if kinds[cid] == EVALUATE and self.checks is not None and isinstance(reply, dict):
+            if kinds[cid] in EVALUATION_KINDS and self.checks is not None and isinstance(reply, dict):
                 reply["num_samples"] = self.checks.test_size(cid)  # the count is the core's own
             if accounted and "train_loss" in reply:
                 self.traffic.train_replies[cid] = reply

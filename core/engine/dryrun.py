@@ -83,3 +83,44 @@ def runnable_bases(algorithm: str) -> Tuple[List[str], Dict[str, str]]:
         else:
             refused[base] = reason
     return runs, refused
+
+
+def global_model_line(algorithm: str) -> str:
+    """Whether ``fl run --plugin ALGORITHM`` (its defaults) reports a global model beside the personal ones, and how
+    (core/engine/globaleval.py), from a run started and given up at once, as ``start_refusal`` does."""
+    from ..api.globalmodel import personal_is_global
+    from ..api.server import GlobalModelAggregator
+    from .config import resolve
+    from .globaleval import global_model_of
+    from .simulation import Simulation
+
+    with _quiet(), tempfile.TemporaryDirectory(prefix="pflkit-dryrun-") as tmp:
+        try:
+            cfg = resolve([{"dataset": {"download": False}}], algorithm=algorithm)
+            sim = Simulation(cfg, run_dir=Path(tmp) / "run", backend=_FirstClientBackend(), tensorboard=False,
+                             progress=False)
+        except PflError as exc:
+            return f"global model: not known with the defaults (the run would not start: {exc})"
+        try:
+            server, trainer = sim.server, sim.trainer_cls
+            if global_model_of(server) is not None:
+                if personal_is_global(trainer) and sim.global_eval.adaptation is not None:
+                    return ("global model: reported -- evaluated on its own at each evaluation: eval.adapt fine-tunes "
+                            "the personal model (the trainer's personal model is otherwise the global one)")
+                if personal_is_global(trainer):
+                    return ("global model: reported (global_<metric>/... in metrics.jsonl, summary.json 'global'); "
+                            "the personal model is the global model (the trainer declares personal_is_global), so "
+                            "its numbers are the personal ones, not evaluated twice (with eval.adapt it is "
+                            "evaluated on its own)")
+                return ("global model: reported -- the aggregator's global model is scored on every client's test "
+                        "split at each evaluation, beside the personal models (global_<metric>/... in "
+                        "metrics.jsonl, summary.json 'global')")
+            if isinstance(server, GlobalModelAggregator):
+                why = ("the aggregator opts out (reports_global_model = False)" if not server.reports_global_model
+                       else f"its global state holds {len(server.global_state)} of the model's "
+                            f"{len(server.model_layout('state'))} state keys: the trainer shares only part of it")
+            else:
+                why = "the aggregator names none (ServerAggregator.global_model)"
+            return f"global model: none -- {why}; summary.json 'global' is null"
+        finally:
+            sim.abandon()

@@ -4,9 +4,10 @@
   model's keys, shapes and dtypes by default), so a malformed reply is refused whatever its position.
 - A training reply's ``num_samples`` is an int from 1 to the client's training-split size (or the larger count
   its algorithm declares, ``ServerAggregator.reply_sample_limit``).
-- An evaluate reply's sums are over the client's own test split: ``loss_sum`` and ``metric_sum`` present, finite
-  and >= 0, a classification ``metric_sum`` at most the split's size; its count is the core's own (a reply that
-  states another one is refused, its sums being over other samples).
+- An evaluate reply's sums (``evaluate``, and ``evaluate_global``: the global model's evaluation) are over the
+  client's own test split: ``loss_sum`` and ``metric_sum`` present, finite and >= 0, a classification
+  ``metric_sum`` at most the split's size; its count is the core's own (a reply that states another one is
+  refused, its sums being over other samples).
 
 A refused reply is one failed client, counted and logged like any other (``Communicator._reject``).
 """
@@ -20,9 +21,11 @@ import torch
 
 from ..common.errors import PflError
 from ..api.fold import Layout, layout_problem
+from ..api.globalmodel import GLOBAL_EVALUATE
 from ..api.protocol import safe_name
 
 EVALUATE = "evaluate"  # the message kind whose replies are evaluation sums (ServerAggregator.configure_evaluate)
+EVALUATION_KINDS = (EVALUATE, GLOBAL_EVALUATE)  # ... and the core's evaluation of the global model (globalmodel)
 EVAL_SUMS = ("loss_sum", "metric_sum")
 
 
@@ -103,7 +106,7 @@ class ReplyChecks:
     def problem(self, cid: int, kind: str, reply: Any) -> Optional[str]:
         """Why ``cid``'s reply to a ``kind`` message is refused, or None."""
         if not isinstance(reply, Mapping):  # the privacy check says what a reply may be; the strategy reads the rest
-            return "its evaluation is not a dict of sums" if kind == EVALUATE else None
+            return "its evaluation is not a dict of sums" if kind in EVALUATION_KINDS else None
         for key, value in reply.items():
             if isinstance(key, str):
                 expected = self.layout(kind, key)
@@ -111,7 +114,7 @@ class ReplyChecks:
                     problem = layout_problem(value, expected)
                     if problem is not None:
                         return f"its '{safe_name(key)}' {problem}"
-        if kind == EVALUATE:
+        if kind in EVALUATION_KINDS:
             return self.evaluation_problem(cid, reply)
         if "num_samples" in reply:
             return self.count_problem(cid, reply["num_samples"])

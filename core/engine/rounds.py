@@ -27,6 +27,7 @@ from ..storage.checkpoint import checkpoint_exists
 from ..api.clientstate import SPILL_DIR
 from ..common.errors import ConfigError, PflError
 from .evaluation import History, per_client_metric, per_client_record, summarize
+from .globaleval import GlobalEvaluation
 from ..storage.monitor import RoundReporter, RunLogger, append_run_log
 from ..storage.reporting import strict_json
 from ..storage.rundir import RunDirectory, remove_empty_folders
@@ -98,6 +99,7 @@ class RoundLoop:
     channel: Any  # the ServerChannel the server strategy sends through
     logger: RunLogger
     history: History
+    global_eval: GlobalEvaluation
     completed_round: int
     setup_done: bool
     setup_calls: int  # messages sent during set-up so far (resumed set-up continues their seeds)
@@ -311,6 +313,7 @@ class RoundLoop:
             record["eval_seconds"] = time.perf_counter() - ev_start
             per_client = getattr(self, "last_per_client", {})
             self.history.add(rnd, summary, per_client.get("per_client"))
+            record.update(self.evaluate_global(rnd, summary))  # timed on its own: global_eval_seconds
         for f in self.comm.traffic.failures:
             self.failures.append(f)
         record["client_failures"] = len(self.comm.traffic.failures)
@@ -350,7 +353,13 @@ class RoundLoop:
         metrics = per_client_metric(results)
         if metrics:
             self.logger.log_histogram(f"{self.task.metric_name}/per_client", list(metrics.values()))
+        self.global_eval.note_evaluate_messages(messages, self.client_ids)  # what they carried, for a reuse
         return summary
+
+    def evaluate_global(self, rnd: int, personal: Dict[str, float]) -> Dict[str, float]:
+        """The global model beside the personal ones (core/engine/globaleval.py): its record keys, {} without one."""
+        return self.global_eval.evaluate(rnd, self.server, personal, self.client_ids,
+                                         lambda msgs: self.comm.send(msgs, accounted=False))
 
     def _stop_requested(self, stop: "_GracefulInterrupt") -> bool:
         """Ctrl-C seen; in a distributed run, seen by any process (they all stop after the same round)."""

@@ -29,6 +29,7 @@ from .config import MAX_MODEL_PARAMETERS, config_fingerprint, to_plain
 from ..data.data import FederatedData, build_federated_data
 from ..common.errors import CheckpointError, ConfigError, PflError
 from .evaluation import History
+from .globaleval import GlobalEvaluation, global_model_of
 from .assign import sgd_steps_per_epoch
 from .batched import BatchedPlan, BatchedRunner, plan_from_config
 from .silent import SilentRunLogger
@@ -284,6 +285,7 @@ class Simulation(RoundLoop):
                                  checks=ReplyChecks.of_run(self.server, self.data.splits, self.task))
         self.channel = self.comm.channel()  # all the server strategy gets: it can send, nothing more
         self.history = History(self.task.metric_name, self.task.higher_is_better, keep_per_client=cfg.eval.final_k)
+        self.global_eval = GlobalEvaluation(self.task.metric_name, self.task.higher_is_better, self.trainer_cls, adapt)
         self.completed_round = 0
         self.setup_done = False
         self.setup_calls = 0  # messages sent during set-up so far (resumed set-up continues their seeds)
@@ -337,6 +339,7 @@ class Simulation(RoundLoop):
             "server": self.server.state_dict(),
             "clients": _ClientStatesView(self.backend, self.client_ids),  # written one client at a time
             "history": self.history.state_dict(),
+            "global_history": self.global_eval.state_dict(),
             "totals": dict(self.totals),
             "failures": list(self.failures),
             "rng": rng_state(),
@@ -365,6 +368,7 @@ class Simulation(RoundLoop):
             if holds is None or holds(cid):
                 self.backend.set_state(cid, state["clients"][cid])
         self.history.load_state_dict(state["history"])
+        self.global_eval.load_state_dict(state.get("global_history"))  # .get: a checkpoint from before it existed
         self.completed_round = int(state["round"])
         self.setup_done = bool(state["setup_done"])
         self.setup_calls = int(state.get("setup_calls", 0))
@@ -400,6 +404,7 @@ class Simulation(RoundLoop):
             "rounds": self.cfg.rounds,
             "seed": self.cfg.seed,
             **self.history.summary(self.cfg.eval.final_k),
+            "global": self.global_eval.summary(self.cfg.eval.final_k, global_model_of(self.server) is not None),
             "bytes_up_total": self.totals["bytes_up"],
             "bytes_down_total": self.totals["bytes_down"],
             "client_failures": self.totals["failures"],

@@ -52,6 +52,18 @@ from ..common.safefiles import read_regular, write_atomic
 log = logging.getLogger("pflkit")
 
 STATS = ("final_uniform", "best_uniform", "final_weighted")
+GLOBAL_STATS = ("final_global_uniform", "final_global_weighted")  # the global model's, where a run has one
+
+
+def _global_finals(summary: Mapping[str, Any]) -> Dict[str, Any]:
+    """A run's global-model finals (summary.json's ``global``: core/engine/globaleval.py); {} without a global model
+    (``global`` null) or from a run that predates it."""
+    glob = summary.get("global")
+    if not isinstance(glob, dict):
+        return {"has_global_model": False} if "global" in summary else {}
+    final = glob.get("final") or {}
+    return {"has_global_model": True, "final_global_uniform": final.get("uniform"),
+            "final_global_weighted": final.get("weighted")}
 
 
 def _mean_std(values: Sequence[float]) -> Dict[str, float]:
@@ -63,13 +75,14 @@ def _mean_std(values: Sequence[float]) -> Dict[str, float]:
 
 def _read_curve(run_dir: Path, metric: str) -> Tuple[Dict[str, List[float]], float]:
     """Evaluated rounds and their uniform / weighted metric from a run's ``metrics.jsonl``, and the seconds the
-    run spent in its rounds (training + evaluation, as logged per round). The file is read as untrusted data
+    run spent in its rounds (training + evaluations, as logged per round). The file is read as untrusted data
     (``rundata.read_records``: bounded, regular files only, strict JSON); a value that is not a number counts as
     absent."""
     rounds, uniform, weighted = [], [], []
     seconds = 0.0
     for row in read_records(run_dir / "metrics.jsonl"):
-        seconds += _finite(row.get("round_seconds"), 0.0) + _finite(row.get("eval_seconds"), 0.0)
+        seconds += _finite(row.get("round_seconds"), 0.0) + _finite(row.get("eval_seconds"), 0.0) + \
+            _finite(row.get("global_eval_seconds"), 0.0)  # the global model's evaluation, where it has its own
         value = _finite(row.get(f"{metric}/uniform"), None)
         if value is not None:
             rounds.append(row["round"])
@@ -521,6 +534,9 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
     for entry in per_algo.values():
         for stat in STATS:
             entry[stat] = _mean_std([r[stat] for r in entry["runs"]])
+        for stat in GLOBAL_STATS:
+            if any(stat in r for r in entry["runs"]):
+                entry[stat] = _mean_std([r.get(stat) for r in entry["runs"]])
         entry["bytes_up_total"] = _mean_std([r["bytes_up_total"] for r in entry["runs"]])
         entry["seconds"] = _mean_std([r["seconds"] for r in entry["runs"]])
         entry["client_failures"] = int(sum(r["client_failures"] for r in entry["runs"]))
@@ -569,7 +585,7 @@ def _run_record(entry: Entry, seed: int, cfg: Any, run_dir: Path, summary: Optio
         "best_uniform": summary["best"]["uniform"], "best_round": summary["best"]["round"],
         "final_k": summary["final"]["k"], "rounds_completed": summary["rounds_completed"],
         "bytes_up_total": summary["bytes_up_total"], "seconds": seconds,
-        "client_failures": int(summary.get("client_failures", 0)), "curve": curve,
+        "client_failures": int(summary.get("client_failures", 0)), "curve": curve, **_global_finals(summary),
     }
 
 
@@ -614,6 +630,12 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         lines.append(f"| {algo} | {_fmt(e['final_uniform'], percent)} | {_fmt(e['best_uniform'], percent)} | "
                      f"{_fmt(e['final_weighted'], percent)} | {e.get('model', 'n/a')} | {runs_text} | "
                      f"{up_text} | {sec_text} | {e.get('client_failures', 0)} |")
+    glob = [f"{algo} {_fmt(results['results'][algo]['final_global_uniform'], percent)}"
+            if "final_global_uniform" in results["results"][algo] else f"{algo} none"
+            for algo in results["algorithms"] if results["results"][algo]["runs"]]
+    if any(not g.endswith(" none") for g in glob):
+        lines += ["", f"Global model (scored on every client's test split), final {metric}, uniform{unit}: "
+                      f"{'; '.join(glob)} (none: no global model)."]
     for note in results.get("notes", []):
         lines += ["", f"Note: {note}."]
     missing = results.get("not_in_table") or []

@@ -116,11 +116,27 @@ def missing_data(table: Table, columns: Sequence[Column], quick: bool,
     return out
 
 
+# summary.json's place of each pflkit metric key read from the summary: (section, part, value); section None: top level
+_SUMMARY_KEYS = {"best_weighted": (None, "best_weighted", "weighted"),
+                 "final_global_uniform": ("global", "final", "uniform"),
+                 "final_global_weighted": ("global", "final", "weighted"),
+                 "best_global_uniform": ("global", "best", "uniform"),
+                 "best_global_weighted": ("global", "best_weighted", "weighted")}
+NO_GLOBAL_MODEL = "no global model"
+
+
 def _run_value(run: Mapping[str, Any], key: str, clients: Optional[Sequence[int]] = None) -> Optional[float]:
     """One finished run's value of a pflkit metric key (``tables.PFLKIT_METRICS``); ``clients`` for final_clients.
-    None where the run lacks it (a client it did not evaluate, or more clients than per-client values are kept)."""
+    None where the run lacks it (a client it did not evaluate, more clients than per-client values are kept, or no
+    global model: :func:`_no_value_reason` says which)."""
     if key in ("final_uniform", "final_weighted", "best_uniform"):
         return run.get(key)
+    if key in _SUMMARY_KEYS:
+        section, part, name = _SUMMARY_KEYS[key]
+        summary = read_summary(Path(run["run_dir"])) or {}
+        scope = summary.get(section) if section else summary
+        value = ((scope or {}).get(part) or {}).get(name) if isinstance(scope, Mapping) else None
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
     if key == "final_clients":
         summary = read_summary(Path(run["run_dir"])) or {}
         per_client = (summary.get("final") or {}).get("per_client") or {}
@@ -135,9 +151,19 @@ def _run_value(run: Mapping[str, Any], key: str, clients: Optional[Sequence[int]
     return sum(r[f"{run['metric']}/{stat}"] for r in last) / len(last) if last else None
 
 
-def _scored_by(column: Column) -> str:
-    """A column's pflkit metric as the outputs name it: final_clients with its client ids, e.g. final_clients[1]."""
-    key = column.metric["pflkit"]
+def _no_value_reason(run: Mapping[str, Any], key: str) -> str:
+    """Why a finished run has no value of ``key``: the cell's text where no run of it has one."""
+    if key in _SUMMARY_KEYS and _SUMMARY_KEYS[key][0] == "global":
+        summary = read_summary(Path(run["run_dir"])) or {}
+        if "global" in summary and summary["global"] is None:  # the algorithm declares no global model
+            return NO_GLOBAL_MODEL
+        return "no global-model numbers in its summary"
+    return ""
+
+
+def _scored_by(metric: Mapping[str, Any], column: Column) -> str:
+    """A cell's pflkit metric as the outputs name it: final_clients with its client ids, e.g. final_clients[1]."""
+    key = metric["pflkit"]
     return f"{key}[{' '.join(map(str, column.clients))}]" if column.clients else key
 
 
@@ -191,7 +217,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
         if key in done:
             comparison = done[key]
             echo(f"{tag}{table.name} column {column.id} ({column.label}): the runs of column "
-                 f"{comparison['column']}, scored by {_scored_by(column)}")
+                 f"{comparison['column']}, scored by {_scored_by(column.metric, column)}")
         else:
             folder = out_dir / home[key]
             echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} "
@@ -204,15 +230,17 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
         by_label = {parse_entry(s).label: r for s, r in zip(specs, chosen_rows)}
         for label, entry in comparison["results"].items():
             row = by_label[label]
-            values = [v for v in (_run_value({**run, "metric": comparison["metric"]}, column.metric["pflkit"],
-                                             column.clients) for run in entry["runs"]) if v is not None]
-            scale_factor = 100.0 if column.metric["percent"] else 1.0
+            metric = table.metric_of(row.id, column)
+            runs = [{**run, "metric": comparison["metric"]} for run in entry["runs"]]
+            values = [v for v in (_run_value(run, metric["pflkit"], column.clients) for run in runs) if v is not None]
+            scale_factor = 100.0 if metric["percent"] else 1.0
             mean = std = None
             if values:  # population std over seeds (ddof=0), as fl compare reports it
                 raw = sum(values) / len(values)
                 mean = scale_factor * raw
                 std = scale_factor * math.sqrt(sum((v - raw) ** 2 for v in values) / len(values))
-            results[row.id, column.id] = {"mean": mean, "std": std, "runs": len(values)}
+            note = "" if values or not runs else _no_value_reason(runs[0], metric["pflkit"])
+            results[row.id, column.id] = {"mean": mean, "std": std, "runs": len(values), "note": note}
     report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick, scale_text)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.md").write_text(report["markdown"])
@@ -233,17 +261,19 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
     for column in cols:
         for row in rows:
             paper = table.numbers[row.id, column.id]
-            ours = results.get((row.id, column.id), {"mean": None, "std": None, "runs": 0})
+            ours = results.get((row.id, column.id), {"mean": None, "std": None, "runs": 0, "note": ""})
             diff = ours["mean"] - paper.mean if ours["mean"] is not None and paper.mean is not None else None
             if diff is None or paper.std is None:
                 within = "n/a"
             else:
                 within = "yes" if abs(diff) <= paper.std + 1e-9 else "no"
             csv_rows.append({"scale": scale, "table": table.name, "column": column.id, "row": row.id,
-                             "metric": _scored_by(column), "paper_mean": _fmt(paper.mean),
+                             "metric": _scored_by(table.metric_of(row.id, column), column),
+                             "paper_mean": _fmt(paper.mean),
                              "paper_std": _fmt(paper.std), "paper_note": paper.why_missing,
                              "pflkit_mean": _fmt(ours["mean"]), "pflkit_std": _fmt(ours["std"]),
-                             "runs": ours["runs"], "difference": _fmt(diff), "within_paper_spread": within})
+                             "runs": ours["runs"], "pflkit_note": ours.get("note", ""), "difference": _fmt(diff),
+                             "within_paper_spread": within})
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(csv_rows[0]) if csv_rows else ["scale"], lineterminator="\n")
     writer.writeheader()
@@ -262,7 +292,7 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
            + (f" ({m['note']})" if m.get("note") else "") + f". pflkit: {m['pflkit']}; seeds "
            f"{', '.join(map(str, seeds))}; pflkit's std is the population std over seeds.", ""]
     for column in cols:
-        md += [f"## {tag}{column.label} ({column.id}; pflkit metric {_scored_by(column)})", "",
+        md += [f"## {tag}{column.label} ({column.id}; pflkit metric {_scored_by(column.metric, column)})", "",
                "| method | paper | pflkit | difference | within paper's spread |", "|---|---|---|---|---|"]
         for r in csv_rows:
             if r["column"] != column.id:
@@ -270,7 +300,8 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
             label = next(x.label for x in rows if x.id == r["row"])
             paper = (f"{r['paper_mean']} ± {r['paper_std']}" if r["paper_std"] else r["paper_mean"]) \
                 or f"({r['paper_note']})"
-            ours = f"{r['pflkit_mean']} ± {r['pflkit_std']}" if r["pflkit_mean"] else "n/a"
+            ours = f"{r['pflkit_mean']} ± {r['pflkit_std']}" if r["pflkit_mean"] else \
+                f"n/a ({r['pflkit_note']})" if r["pflkit_note"] else "n/a"
             md.append(f"| {tag}{label} | {paper} | {ours} | {r['difference'] or 'n/a'} | "
                       f"{r['within_paper_spread']} |")
         md += ["", f"{tag}{_ranking(table, rows, column, results)}", ""]
@@ -278,8 +309,19 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
         md += [f"{tag}Where the paper leaves a setting open, pflkit chose:", ""]
         md += [f"- {tag}{c['setting']} = {c['value']}: {c['why']}" for c in table.chosen]
         md.append("")
+    own = [r for r in rows if r.metric]
+    if own:
+        md += [f"{tag}Rows scored unlike their columns:", ""]
+        md += [f"- {tag}{r.label}: {_own_metric_text(table, r, cols)}" for r in own]
+        md.append("")
     md += [f"{tag}Rows' hyperparameters:", ""] + [f"- {tag}{r.label} (`{r.spec()}`): {r.source}" for r in rows]
     return {"markdown": "\n".join(md) + "\n", "csv": buf.getvalue(), "cells": csv_rows}
+
+
+def _own_metric_text(table: Table, row, cols) -> str:
+    """A row with its own metric, as the report names it: which model, which pflkit key, and its note saying why."""
+    metric = table.metric_of(row.id, cols[0]) if cols else row.metric
+    return f"{metric['model']} model, pflkit metric {metric['pflkit']} ({metric['note']})"
 
 
 def _ranking(table: Table, rows, column: Column, results) -> str:

@@ -7,14 +7,19 @@ A plugin publishes its paper's tables through the ``pflkit.tables`` entry-point 
 - ``[metric]``: what the paper scores -- ``model`` (personal | global), ``clients`` (all | sampled), ``mean``
   (uniform | weighted | per_client), ``round`` (best | last_k), ``k`` (with last_k), ``fine_tuned`` (true | false)
   -- and ``pflkit``, the key that computes it here (:data:`PFLKIT_METRICS`), ``percent`` (the paper's numbers are
-  percentages of pflkit's 0..1 accuracy), ``note``; a column may replace any of these with its own ``metric`` table;
+  percentages of pflkit's 0..1 accuracy), ``note``; a column may replace any of these with its own ``metric`` table,
+  and a row with its own (which must carry its own ``note`` saying why): a cell's metric is the row's ``metric`` over
+  the column's over the file's. ``model = "global"`` needs a ``*_global_*`` pflkit key (the global model's accuracy
+  on every client's test split, summary.json's ``global`` section) and ``model = "personal"`` one without ``global``;
+  so a table that scores the global model scores a method without one (e.g. FedPer) by its personal model through a
+  row ``metric = { model = "personal", pflkit = "...", note = "..." }``;
 - ``[settings]``: config overrides shared by every cell (a config layer, as ``fl run --config`` reads);
 - ``[quick]``: overrides of ``--scale quick`` (fewer rounds, ``split.fraction``); without it :data:`QUICK_RULE`;
 - ``[[columns]]``: ``id``, ``label``, ``set`` (config overrides), optionally ``quick``, ``metric`` and ``clients``
   (a client id or a list of them, e.g. a domain's clients, scored with ``pflkit = "final_clients"``: each run's
   ``final.per_client`` in summary.json, their uniform mean when several);
 - ``[[rows]]``: ``id``, ``label``, ``plugin``, ``options`` (config overrides of that method: its ``fl compare``
-  entry ``plugin+key=value...``), ``source`` (where its hyperparameters come from);
+  entry ``plugin+key=value...``), ``source`` (where its hyperparameters come from), optionally ``metric``;
 - ``[numbers.<row id>]``: per column id ``[mean, std]``, ``[mean]`` (no std reported) or a string saying why the
   paper has no number for that cell;
 - ``[[chosen]]``: ``setting``, ``value``, ``why`` -- what pflkit chose where the paper leaves a setting open.
@@ -39,10 +44,17 @@ PFLKIT_METRICS = {
     "final_uniform": "mean over clients of each client's metric, averaged over the last eval.final_k evaluations",
     "final_weighted": "metric pooled over every test sample, averaged over the last eval.final_k evaluations",
     "best_uniform": "best evaluation of the mean over clients",
+    "best_weighted": "best evaluation of the metric pooled over every test sample (sample-weighted mean)",
     "final_min": "lowest client's metric, averaged over the last eval.final_k evaluations",
     "final_max": "highest client's metric, averaged over the last eval.final_k evaluations",
     "final_clients": "the column's clients' metric (each averaged over the last eval.final_k evaluations: the "
                      "summary's final.per_client), their uniform mean when several",
+    "final_global_uniform": "the global model's metric on every client's test split, mean over clients, averaged "
+                            "over the last eval.final_k evaluations",
+    "final_global_weighted": "the global model's metric pooled over every client's test samples, averaged over the "
+                             "last eval.final_k evaluations",
+    "best_global_uniform": "best evaluation of the global model's mean over clients",
+    "best_global_weighted": "best evaluation of the global model's metric pooled over every test sample",
 }
 METRIC_CHOICES = {"model": ("personal", "global"), "clients": ("all", "sampled"),
                   "mean": ("uniform", "weighted", "per_client"), "round": ("best", "last_k")}
@@ -51,7 +63,7 @@ TOP_KEYS = ("paper", "metric", "settings", "quick", "columns", "rows", "numbers"
 PAPER_KEYS = ("title", "venue", "table", "caption")
 METRIC_KEYS = ("model", "clients", "mean", "round", "k", "fine_tuned", "pflkit", "percent", "note")
 COLUMN_KEYS = ("id", "label", "set", "quick", "metric", "clients")
-ROW_KEYS = ("id", "label", "plugin", "options", "source")
+ROW_KEYS = ("id", "label", "plugin", "options", "source", "metric")
 CHOSEN_KEYS = ("setting", "value", "why")
 
 
@@ -72,6 +84,7 @@ class Row:
     plugin: str
     options: Dict[str, Any]
     source: str
+    metric: Optional[Dict[str, Any]] = None  # the row's own metric keys (over its columns'), None when it has none
 
     def spec(self) -> str:
         """The row as an ``fl compare`` entry: ``plugin+key=value...`` (the row id labels it in the results)."""
@@ -97,6 +110,11 @@ class Table:
     rows: List[Row]
     numbers: Dict[Tuple[str, str], Cell]
     chosen: List[Dict[str, str]] = field(default_factory=list)
+    cell_metrics: Dict[Tuple[str, str], Dict[str, Any]] = field(default_factory=dict)  # (row, column): a row's own
+
+    def metric_of(self, row: str, column: Column) -> Dict[str, Any]:
+        """The metric of a cell: the row's ``metric`` over the column's over the file's."""
+        return self.cell_metrics.get((row, column.id), column.metric)
 
     def title(self) -> str:
         return f"{self.paper['title']} ({self.paper['venue']}), Table {self.paper['table']}: {self.paper['caption']}"
@@ -172,6 +190,11 @@ def _metric(where: str, values: Any, base: Optional[Mapping[str, Any]] = None) -
     if out["pflkit"] not in PFLKIT_METRICS:
         raise ConfigError(f"{where}.pflkit: unknown pflkit metric {out['pflkit']!r}."
                           f"{did_you_mean(str(out['pflkit']), PFLKIT_METRICS)} Known: {', '.join(PFLKIT_METRICS)}")
+    if (out["model"] == "global") != is_global_key(out["pflkit"]):
+        keys = [k for k in PFLKIT_METRICS if is_global_key(k) == (out["model"] == "global")]
+        raise ConfigError(f"{where}: model = {out['model']!r} is not scored by pflkit = {out['pflkit']!r}, a "
+                          f"{'global' if is_global_key(out['pflkit']) else 'personal'} model's key; use one of "
+                          f"{', '.join(keys)}")
     if out["round"] == "last_k" and not (isinstance(out.get("k"), int) and out["k"] >= 1):
         raise ConfigError(f"{where}.k: round = 'last_k' needs k, a positive integer")
     if not isinstance(out["fine_tuned"], bool):
@@ -180,6 +203,11 @@ def _metric(where: str, values: Any, base: Optional[Mapping[str, Any]] = None) -
     if not isinstance(out["percent"], bool):
         raise ConfigError(f"{where}.percent: expected true or false")
     return out
+
+
+def is_global_key(key: str) -> bool:
+    """Whether a pflkit metric key scores the global model (``*_global_*``) rather than the personal one."""
+    return "_global_" in key
 
 
 def _clients(where: str, value: Any, pflkit: str) -> Optional[List[int]]:
@@ -255,11 +283,23 @@ def _parse(name: str, source: TableFile) -> Table:
                               dict(c["quick"]) if "quick" in c else None, col_metric,
                               _clients(f"columns[{i}]", c.get("clients"), col_metric["pflkit"])))
     rows = []
+    cell_metrics: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for i, r in enumerate(_ids("rows", data["rows"], ROW_KEYS, ("id", "label", "plugin", "source"))):
         if "options" in r and not isinstance(r["options"], Mapping):
             raise ConfigError(f"rows[{i}].options: expected a table of config overrides")
+        own = None
+        if "metric" in r:
+            own = _keys(f"rows[{i}].metric", r["metric"], METRIC_KEYS, ("note",))
+            _text(f"rows[{i}].metric.note", own["note"])  # a row scored unlike its columns says why
+            for column in columns:
+                cell = _metric(f"rows[{i}].metric (column {column.id})", own, column.metric)
+                if (cell["pflkit"] == "final_clients") != (column.clients is not None):
+                    raise ConfigError(f"rows[{i}].metric (column {column.id}): pflkit = {cell['pflkit']!r} in a "
+                                      f"column that " + ("scores clients by id: keep 'final_clients'"
+                                                         if column.clients is not None else "names no clients"))
+                cell_metrics[r["id"], column.id] = cell
         rows.append(Row(r["id"], _text(f"rows[{i}].label", r["label"]), _text(f"rows[{i}].plugin", r["plugin"]),
-                        dict(r.get("options", {})), _text(f"rows[{i}].source", r["source"])))
+                        dict(r.get("options", {})), _text(f"rows[{i}].source", r["source"]), own))
     numbers_in = _keys("numbers", data["numbers"], [r.id for r in rows], [r.id for r in rows])
     numbers: Dict[Tuple[str, str], Cell] = {}
     col_ids = [c.id for c in columns]
@@ -272,7 +312,7 @@ def _parse(name: str, source: TableFile) -> Table:
         entry = _keys(f"chosen[{i}]", c, CHOSEN_KEYS, CHOSEN_KEYS)
         chosen.append({k: _text(f"chosen[{i}].{k}", str(entry[k])) for k in CHOSEN_KEYS})
     return Table(name, source.origin, paper, metric, dict(settings), dict(quick) if quick is not None else None,
-                 columns, rows, numbers, chosen)
+                 columns, rows, numbers, chosen, cell_metrics)
 
 
 def read_table_file(path: str) -> Tuple[str, TableFile]:

@@ -174,13 +174,17 @@ def setup_estimate_line(seconds: float, units: int, done: int, total: int) -> Op
 def run_estimate_line(record: Dict[str, Any], seconds: float, total: int, eval_every: int,
                       now: Optional[datetime] = None) -> Optional[str]:
     """The rest of the run estimated from one round (``seconds``, evaluation included when the round was evaluated:
-    ``record['eval_seconds']``): its training time for each remaining round plus its evaluation time for each
-    remaining evaluation. None when fewer than ``ESTIMATE_MIN_SECONDS`` are left."""
+    ``record['eval_seconds']``, plus ``global_eval_seconds`` of the global model): its training time for each
+    remaining round plus its evaluation time for each remaining evaluation. None when fewer than
+    ``ESTIMATE_MIN_SECONDS`` are left."""
     rnd = record.get("round")
     if not isinstance(rnd, int) or rnd >= total:
         return None
     rounds_left, evals_left = total - rnd, evaluations_after(rnd, total, eval_every)
     eval_s = record.get("eval_seconds")
+    global_s = record.get("global_eval_seconds")  # the global model's evaluation (core/engine/globaleval.py)
+    if isinstance(eval_s, (int, float)) and isinstance(global_s, (int, float)) and math.isfinite(global_s):
+        eval_s = eval_s + global_s
     if isinstance(eval_s, (int, float)) and math.isfinite(eval_s):
         train_s = max(0.0, seconds - eval_s)
         left = train_s * rounds_left + eval_s * evals_left

@@ -41,6 +41,7 @@ def format_summary(result: Dict[str, Any]) -> str:
         (f"best {m}, uniform (round {best['round']})", fmt(best["uniform"])),
         *([(f"best {m}, sample-weighted (round {result['best_weighted']['round']})",
             fmt(result["best_weighted"]["weighted"]))] if "best_weighted" in result else []),
+        *(_global_rows(result["global"], m, fmt) if "global" in result else []),
         (f"last round {m}, min / max client",
          f"{fmt(last.get(f'{m}/min'))} / {fmt(last.get(f'{m}/max'))}"),
         ("communication up / down", f"{result['bytes_up_total'] / 2**20:.1f} MiB / "
@@ -54,6 +55,18 @@ def format_summary(result: Dict[str, Any]) -> str:
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 40)
     return "\n".join([line] + [f"{k.ljust(width)}  {v}" for k, v in rows] + [line])
+
+
+def _global_rows(section: Any, m: str, fmt) -> list:
+    """The global model's numbers (summary.json's ``global``, core/engine/globaleval.py): its plain evaluation on
+    every client's test split, beside the personal numbers above."""
+    if not isinstance(section, dict):
+        return [("global model", "none (this algorithm has no global model)")]
+    fin, best, best_w = section.get("final") or {}, section.get("best") or {}, section.get("best_weighted") or {}
+    same = " (the personal model is the global one)" if section.get("source") == "personal" else ""
+    return [(f"global {m}, final uniform / weighted", f"{fmt(fin.get('uniform'))} / {fmt(fin.get('weighted'))}{same}"),
+            (f"global {m}, best uniform (round {best.get('round')})", fmt(best.get("uniform"))),
+            (f"global {m}, best weighted (round {best_w.get('round')})", fmt(best_w.get("weighted")))]
 
 
 def report_result(result: Dict[str, Any], run_dir: Path) -> bool:

@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 import numpy as np
 
@@ -154,22 +154,33 @@ def check_summary(path: Path, summary: Dict[str, Any]) -> Dict[str, Any]:
         value = summary.get(key)
         if value is not None and not (isinstance(value, kind) if isinstance(kind, type) else kind(value)):
             raise bad(key, value, expected)
+    scopes = [(summary, "")]
+    glob = summary.get("global")
+    if glob is not None:  # the global model's numbers (core/engine/globaleval.py); null: the algorithm has none
+        if not isinstance(glob, dict):
+            raise bad("global", glob, "an object or null")
+        scopes.append((glob, "global."))
+    for scope, where in scopes:
+        _check_sections(scope, where, bad)
+    return summary
+
+
+def _check_sections(summary: Dict[str, Any], where: str, bad: Callable[[str, Any, str], Exception]) -> None:
     for section in _SUMMARY_SECTIONS:
         values = summary.get(section)
         if values is None:
             continue
         if not isinstance(values, dict):
-            raise bad(section, values, "an object")
+            raise bad(f"{where}{section}", values, "an object")
         for key, value in values.items():
             if section == "final" and key == "per_client":  # client id -> its final metric
                 if not isinstance(value, dict):
-                    raise bad("final.per_client", value, "an object")
+                    raise bad(f"{where}final.per_client", value, "an object")
                 for cid, v in value.items():
                     if v is not None and not _is_number(v):
                         raise bad(f"final.per_client.{_short_text(cid)}", v, "a number or null")
             elif value is not None and not _is_number(value):
-                raise bad(f"{section}.{key}", value, "a number or null")
-    return summary
+                raise bad(f"{where}{section}.{key}", value, "a number or null")
 
 
 def read_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
@@ -247,6 +258,35 @@ def finished_run_problem(summary: Dict[str, Any], records: Sequence[Dict[str, An
     for key, want in derived.items():
         if not _same_number(stated[key], want):
             return (f"summary.json gives {key} {_shown_number(stated[key])}, {METRICS_NAME} gives "
+                    f"{_shown_number(want)} (edited?)")
+    glob = summary.get("global")
+    if isinstance(glob, dict):  # the global model's numbers, from the records' global_<metric>/... values
+        return _global_problem(glob, records, f"global_{metric}", int(final_k),
+                               summary.get("higher_is_better", True) is not False)
+    return None
+
+
+def _global_problem(glob: Dict[str, Any], records: Sequence[Dict[str, Any]], prefix: str, final_k: int,
+                    higher: bool) -> Optional[str]:
+    """As for the personal numbers: summary.json's ``global`` final and best against the logged evaluations."""
+    evaluated = [rec for rec in records if rec["round"] >= 1 and f"{prefix}/uniform" in rec]
+    value = lambda rec, key: (float(rec[key]) if _is_number(rec.get(key)) and  # noqa: E731
+                              math.isfinite(float(rec[key])) else math.nan)
+    k = min(final_k, len(evaluated))
+    last = evaluated[len(evaluated) - k:] if k else []
+    final, best = glob.get("final") or {}, glob.get("best") or {}
+    checks = [("global.evaluations", glob.get("evaluations"), len(evaluated))]
+    for key in ("uniform", "weighted"):
+        vals = [value(rec, f"{prefix}/{key}") for rec in last]
+        checks.append((f"global.final.{key}", final.get(key), float(np.mean(vals)) if vals else math.nan))
+    uniform = [value(rec, f"{prefix}/uniform") for rec in evaluated]
+    if uniform:
+        i = int(np.argmax(uniform) if higher else np.argmin(uniform))
+        checks += [("global.best.uniform", best.get("uniform"), uniform[i]),
+                   ("global.best.round", best.get("round"), evaluated[i]["round"])]
+    for key, stated, want in checks:
+        if not _same_number(stated, want):
+            return (f"summary.json gives {key} {_shown_number(stated)}, {METRICS_NAME} gives "
                     f"{_shown_number(want)} (edited?)")
     return None
 
@@ -448,10 +488,20 @@ def summary_table(runs: Sequence[RunData], config_keys: Sequence[str] = ()) -> L
             "final_uniform": final.get("uniform"), "final_weighted": final.get("weighted"),
             "final_k": final.get("k"), "best_uniform": best.get("uniform"), "best_round": best.get("round"),
             "best_weighted": best.get("weighted"),
+            **_global_columns(s),
             "client_failures": s.get("client_failures", _logged_failures(run.records)),
             "bytes_up_total": s.get("bytes_up_total"),
         })
     return rows
+
+
+def _global_columns(summary: Dict[str, Any]) -> Dict[str, Any]:
+    """The global model's final and best numbers (summary.json's ``global``); empty cells without one."""
+    glob = summary.get("global") if isinstance(summary.get("global"), dict) else {}
+    final, best, best_w = (glob.get(k) if isinstance(glob.get(k), dict) else {} for k in
+                           ("final", "best", "best_weighted"))
+    return {"global_final_uniform": final.get("uniform"), "global_final_weighted": final.get("weighted"),
+            "global_best_uniform": best.get("uniform"), "global_best_weighted": best_w.get("weighted")}
 
 
 def _logged_failures(records: Sequence[Dict[str, Any]]) -> int:

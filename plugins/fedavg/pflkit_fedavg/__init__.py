@@ -22,6 +22,8 @@ class FedAvgTrainer(LocalSGDTrainer):
     # every message brings the whole shared model, so a client keeps only the keys the server never sends
     # (none, or the BN statistics with bn_stats=local): clients run pooled and cost no memory of their own
     declares_state = True
+    # on_evaluate scores the model the evaluate message brings: the personal numbers are the global model's
+    personal_is_global = True
 
 
 class FedAvgAggregator(GlobalModelAggregator):

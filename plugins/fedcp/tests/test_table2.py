@@ -21,6 +21,9 @@ def test_table2_registered_complete_and_valid():
     t = tomllib.loads(resources.files("pflkit_fedcp.tables").joinpath("table2.toml").read_text(encoding="utf-8"))
     assert [c["id"] for c in t["columns"]] == COLUMNS
     assert t["columns"][-1]["set"]["dataset"]["name"] == "ag_news"
+    # the paper's metric (pFedMe's and PFLlib's evaluate): the best round of the sample-weighted accuracy over all clients
+    assert {k: t["metric"][k] for k in ("model", "clients", "mean", "round", "pflkit")} == {
+        "model": "personal", "clients": "all", "mean": "weighted", "round": "best", "pflkit": "best_weighted"}
     # every cell of the paper has its [mean, std], exactly once between the two FedCP rows (lambda 5 and lambda 1)
     for row in t["rows"]:
         cells = t["numbers"][row["id"]]

@@ -144,6 +144,8 @@ class FedGenTrainer(LocalSGDTrainer):
 
     # declared state: FedAvg's (the model keys never sent, if any); the generator comes with every message
     declares_state = True
+    # on_evaluate scores the model the evaluate message brings: the personal numbers are the global model's
+    personal_is_global = True
 
 
 class FedGenAggregator(FedAvgAggregator):

@@ -34,6 +34,8 @@ class FedNTDTrainer(LocalSGDTrainer):
                           "PFLlib's)", check=positive),
     }
     declares_state = True  # FedAvg's (the model keys never sent); the frozen copy is rebuilt from every message
+    # on_evaluate scores the model the evaluate message brings: the personal numbers are the global model's
+    personal_is_global = True
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -29,6 +29,8 @@ class FedProxTrainer(LocalSGDTrainer):
     description = "local SGD on the proximal objective F_k(w) + mu/2 ||w - w^t||^2 (Eq. 2)"
     # as FedAvg: the anchor w^t is set by every 'fit' before it is read, so it is not per-client state
     declares_state = True
+    # on_evaluate scores the model the evaluate message brings: the personal numbers are the global model's
+    personal_is_global = True
     params = {
         **LocalSGDTrainer.params,
         "mu": Param(0.01, "proximal coefficient mu of Eq. 2 (default 0.01; the paper tunes mu per dataset over "

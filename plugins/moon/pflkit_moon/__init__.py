@@ -121,6 +121,8 @@ class MOONTrainer(LocalSGDTrainer):
 
     # declared state: the previous model's representation part (plus the model keys never sent, if any)
     declares_state = True
+    # on_evaluate scores the model the evaluate message brings: the personal numbers are the global model's
+    personal_is_global = True
 
     def client_state(self) -> Dict[str, Any]:
         return {**super().client_state(), "previous": host_copy(self.previous.state_dict())}

@@ -45,6 +45,9 @@ class PerFedAvgTrainer(FedAvgTrainer):
     description = ("local steps on the MAML objective (first-order or Hessian-free), uploads the whole model; "
                    "evaluated after one adaptation step with alpha")
     declares_state = True  # nothing of its own: every message brings the whole model, as FedAvg's
+    # unadapted, it scores the model the evaluate message brings; with its default eval.adapt=every the core sees the
+    # adaptation and evaluates the global model separately (core/api/globalmodel.py)
+    personal_is_global = True
     params = {
         **FedAvgTrainer.params,
         "variant": Param("fo", "fo = first-order Per-FedAvg (the Hessian term dropped), hf = Hessian-free (its "
