@@ -400,3 +400,12 @@ def test_set_overrides_every_cell_and_labels_every_line(tmp_path, tiny_file):
     bad = run("--table-file", str(tiny_file), "--out", str(tmp_path / "o2"), "--set", "train.lrr=0.1")
     assert "lrr" in one_line_error(bad)
     assert not (tmp_path / "o2").exists()
+
+
+def test_sets_of_where_and_how_a_cell_runs_keep_the_papers_label():
+    from pflkit.core.results.reproduce import scale_label
+
+    assert scale_label(False, ["dataset.root=/data", "device=cpu", "clients.batched=on"]) == ""
+    assert scale_label(True, ["dataset.root=/data"]) == QUICK_LABEL
+    assert scale_label(False, ["dataset.root=/data", "rounds=3"]) == \
+        "paper scale with --set rounds=3, not the paper's setting"

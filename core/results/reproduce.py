@@ -29,11 +29,17 @@ from .tables import Column, Row, Table
 QUICK_LABEL = "quick scale, not the paper's setting"
 
 
+#: ``--set`` keys that say where or how a cell runs, not what it computes: they leave a paper-scale run the paper's
+#: setting (batched clients match the sequential numbers within float tolerance; tests/test_batched.py)
+NEUTRAL_SET_KEYS = ("dataset.root", "dataset.download", "device", "clients.batched", "clients.stack")
+
+
 def scale_label(quick: bool, sets: Sequence[str] = ()) -> str:
     """What every output line is tagged with when the cells are not the paper's setting ('' when they are)."""
-    if not sets:
+    changing = [s for s in sets if s.partition("=")[0].strip() not in NEUTRAL_SET_KEYS]
+    if not changing:
         return QUICK_LABEL if quick else ""
-    return f"{'quick scale' if quick else 'paper scale'} with --set {' '.join(sets)}, not the paper's setting"
+    return f"{'quick scale' if quick else 'paper scale'} with --set {' '.join(changing)}, not the paper's setting"
 
 
 def _cell_layer(table: Table, column: Column, quick: bool, overrides: Mapping[str, Any]) -> Dict[str, Any]:
