@@ -113,7 +113,14 @@ def tiny_file(tmp_path):
 def test_check_passes_over_every_installed_table():
     result = run("--check")
     assert result.exit_code == 0, result.output
-    for line in ("pcfl:table1: ok (12 rows x 1 columns, 12 cells resolved)",
+    # the eight tables (FedCP 2, FedCAC 1-2, FedSA 1, PCFL 1-3, FedC2I 1-2), each checked
+    for line in ("fedcp:table2: ok (13 rows x 9 columns, 117 cells resolved)",
+                 "fedcac:table1: ok (8 rows x 3 columns, 24 cells resolved)",
+                 "fedcac:table2: ok (8 rows x 9 columns, 72 cells resolved)",
+                 "fedsa:table1: ok (12 rows x 7 columns, 84 cells resolved)",
+                 "fedc2i:table1: ok (7 rows x 6 columns, 42 cells resolved)",
+                 "fedc2i:table2: ok (7 rows x 5 columns, 35 cells resolved)",
+                 "pcfl:table1: ok (12 rows x 1 columns, 12 cells resolved)",
                  "pcfl:table2: ok (12 rows x 1 columns, 12 cells resolved)",
                  "pcfl:table3: ok (9 rows x 3 columns, 27 cells resolved)"):
         assert line in result.output
@@ -409,3 +416,23 @@ def test_sets_of_where_and_how_a_cell_runs_keep_the_papers_label():
     assert scale_label(True, ["dataset.root=/data"]) == QUICK_LABEL
     assert scale_label(False, ["dataset.root=/data", "rounds=3"]) == \
         "paper scale with --set rounds=3, not the paper's setting"
+
+
+def test_a_rows_own_quick_overrides_its_options_at_quick_scale_only(tmp_path, tiny_file):
+    from pflkit.core.results.tables import parse_table, read_table_file
+
+    text = tiny_file.read_text().replace('options = { trainer = { mu = 0.1 } }',
+                                         'options = { trainer = { mu = 0.1 } }\nquick = { trainer = { mu = 0.5 } }')
+    path = tmp_path / "rowquick.toml"
+    path.write_text(text)
+    table = parse_table(*read_table_file(str(path)))
+    fedprox = next(r for r in table.rows if r.id == "fedprox")
+    assert fedprox.spec() == "fedprox+trainer.mu=0.1" and fedprox.spec(quick=True) == "fedprox+trainer.mu=0.5"
+    out = tmp_path / "out"
+    result = run("--table-file", str(path), "--scale", "quick", "--seeds", "0", "--rows", "fedprox", "--cols",
+                 "mean", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in (out / "mean" / "runs").iterdir()] == ["fedprox+trainer.mu=0.5-seed0"]
+    bad = tmp_path / "badquick.toml"
+    bad.write_text(text.replace("quick = { trainer = { mu = 0.5 } }", "quick = { trainer = { muu = 0.5 } }"))
+    assert "muu" in one_line_error(run("--check", "--table-file", str(bad)))

@@ -47,7 +47,7 @@ def _cell_layer(table: Table, column: Column, quick: bool, overrides: Mapping[st
     return deep_merge(table.layer(column, quick), dict(overrides)) if overrides else table.layer(column, quick)
 
 
-def _row_spec(row: Row, overrides: Mapping[str, Any]) -> str:
+def _row_spec(row: Row, overrides: Mapping[str, Any], quick: bool = False) -> str:
     """The row's ``fl compare`` entry with the ``--set`` overrides of the options it sets itself: an entry's own
     settings win over the shared layers, so without this a row's option would silently beat ``--set``."""
     def own(opts: Mapping[str, Any], over: Mapping[str, Any]) -> Dict[str, Any]:
@@ -58,8 +58,9 @@ def _row_spec(row: Row, overrides: Mapping[str, Any]) -> str:
                 out[key] = own(opts[key], value) if both else value
         return out
 
-    mine = own(row.options, overrides)
-    return dataclasses.replace(row, options=deep_merge(row.options, mine)).spec() if mine else row.spec()
+    options = row.options_at(quick)
+    mine = own(options, overrides)
+    return dataclasses.replace(row, options=deep_merge(options, mine), quick=None).spec()
 
 
 def _select(what: str, wanted: Optional[Sequence[str]], have: Sequence[str]) -> List[str]:
@@ -108,7 +109,7 @@ def data_status(cfg: Any, load: bool) -> Tuple[Optional[bool], str]:
 def _column_cfg(table: Table, column: Column, quick: bool, overrides: Mapping[str, Any] = {},
                 row: Optional[Row] = None) -> Any:
     """A column's config as one row resolves it (the first row by default): its dataset is every row's."""
-    entry = parse_entry((row or table.rows[0]).spec())
+    entry = parse_entry((row or table.rows[0]).spec(quick))
     return resolve([_cell_layer(table, column, quick, overrides), parse_sets(entry.sets), {"seed": 0}],
                    algorithm=entry.algorithm)
 
@@ -237,7 +238,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     results: Dict[Tuple[str, str], Dict[str, Any]] = {}
     incomplete = 0
     done: Dict[str, Dict[str, Any]] = {}  # columns of one setting scored differently share one comparison
-    specs = [_row_spec(r, overrides) for r in chosen_rows]
+    specs = [_row_spec(r, overrides, quick) for r in chosen_rows]
     home: Dict[str, str] = {}  # setting -> the folder of its comparison: the table's first column of that setting,
     for column in table.columns:  # whichever columns are selected, so a narrower --cols reuses the runs
         home.setdefault(json.dumps(_cell_layer(table, column, quick, overrides), sort_keys=True, default=str),
@@ -345,7 +346,7 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
         md += [f"{tag}Rows scored unlike their columns:", ""]
         md += [f"- {tag}{r.label}: {_own_metric_text(table, r, cols)}" for r in own]
         md.append("")
-    md += [f"{tag}Rows' hyperparameters:", ""] + [f"- {tag}{r.label} (`{r.spec()}`): {r.source}" for r in rows]
+    md += [f"{tag}Rows' hyperparameters:", ""] + [f"- {tag}{r.label} (`{r.spec(quick)}`): {r.source}" for r in rows]
     return {"markdown": "\n".join(md) + "\n", "csv": buf.getvalue(), "cells": csv_rows}
 
 

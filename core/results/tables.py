@@ -19,7 +19,9 @@ A plugin publishes its paper's tables through the ``pflkit.tables`` entry-point 
   (a client id or a list of them, e.g. a domain's clients, scored with ``pflkit = "final_clients"``: each run's
   ``final.per_client`` in summary.json, their uniform mean when several);
 - ``[[rows]]``: ``id``, ``label``, ``plugin``, ``options`` (config overrides of that method: its ``fl compare``
-  entry ``plugin+key=value...``), ``source`` (where its hyperparameters come from), optionally ``metric``;
+  entry ``plugin+key=value...``), ``source`` (where its hyperparameters come from), optionally ``metric`` and
+  ``quick`` (overrides of its own options at ``--scale quick``, e.g. a smaller flow: a row's options outrank the
+  table's ``[quick]``);
 - ``[numbers.<row id>]``: per column id ``[mean, std]``, ``[mean]`` (no std reported) or a string saying why the
   paper has no number for that cell;
 - ``[[chosen]]``: ``setting``, ``value``, ``why`` -- what pflkit chose where the paper leaves a setting open.
@@ -63,7 +65,7 @@ TOP_KEYS = ("paper", "metric", "settings", "quick", "columns", "rows", "numbers"
 PAPER_KEYS = ("title", "venue", "table", "caption")
 METRIC_KEYS = ("model", "clients", "mean", "round", "k", "fine_tuned", "pflkit", "percent", "note")
 COLUMN_KEYS = ("id", "label", "set", "quick", "metric", "clients")
-ROW_KEYS = ("id", "label", "plugin", "options", "source", "metric")
+ROW_KEYS = ("id", "label", "plugin", "options", "quick", "source", "metric")
 CHOSEN_KEYS = ("setting", "value", "why")
 
 
@@ -85,10 +87,15 @@ class Row:
     options: Dict[str, Any]
     source: str
     metric: Optional[Dict[str, Any]] = None  # the row's own metric keys (over its columns'), None when it has none
+    quick: Optional[Dict[str, Any]] = None  # the row's own --scale quick overrides of its options (e.g. a smaller flow)
 
-    def spec(self) -> str:
+    def options_at(self, quick: bool = False) -> Dict[str, Any]:
+        """The row's options; at quick scale with its own ``quick`` overrides on top."""
+        return deep_merge(self.options, self.quick) if quick and self.quick else dict(self.options)
+
+    def spec(self, quick: bool = False) -> str:
         """The row as an ``fl compare`` entry: ``plugin+key=value...`` (the row id labels it in the results)."""
-        return "+".join([self.plugin, *(f"{k}={_value_text(v)}" for k, v in _flat(self.options))])
+        return "+".join([self.plugin, *(f"{k}={_value_text(v)}" for k, v in _flat(self.options_at(quick)))])
 
 
 @dataclass
@@ -285,8 +292,9 @@ def _parse(name: str, source: TableFile) -> Table:
     rows = []
     cell_metrics: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for i, r in enumerate(_ids("rows", data["rows"], ROW_KEYS, ("id", "label", "plugin", "source"))):
-        if "options" in r and not isinstance(r["options"], Mapping):
-            raise ConfigError(f"rows[{i}].options: expected a table of config overrides")
+        for key in ("options", "quick"):
+            if key in r and not isinstance(r[key], Mapping):
+                raise ConfigError(f"rows[{i}].{key}: expected a table of config overrides")
         own = None
         if "metric" in r:
             own = _keys(f"rows[{i}].metric", r["metric"], METRIC_KEYS, ("note",))
@@ -299,7 +307,8 @@ def _parse(name: str, source: TableFile) -> Table:
                                                          if column.clients is not None else "names no clients"))
                 cell_metrics[r["id"], column.id] = cell
         rows.append(Row(r["id"], _text(f"rows[{i}].label", r["label"]), _text(f"rows[{i}].plugin", r["plugin"]),
-                        dict(r.get("options", {})), _text(f"rows[{i}].source", r["source"]), own))
+                        dict(r.get("options", {})), _text(f"rows[{i}].source", r["source"]), own,
+                        dict(r["quick"]) if "quick" in r else None))
     numbers_in = _keys("numbers", data["numbers"], [r.id for r in rows], [r.id for r in rows])
     numbers: Dict[Tuple[str, str], Cell] = {}
     col_ids = [c.id for c in columns]
@@ -350,7 +359,7 @@ def check_table(table: Table) -> int:
             for row in table.rows:
                 where = f"table {table.name}, row {row.id}, column {column.id}" + (" (quick scale)" if quick else "")
                 try:
-                    entry = parse_entry(row.spec())
+                    entry = parse_entry(row.spec(quick))
                     if entry.algorithm not in reg.ALGORITHMS:
                         raise ConfigError(f"unknown algorithm '{entry.algorithm}'."
                                           f"{did_you_mean(entry.algorithm, reg.ALGORITHMS.names())}")
