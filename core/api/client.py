@@ -196,6 +196,12 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
         return BatchedForm({"model": self.model}, [phase], lambda losses, start, aux: {
             "params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1]})
 
+    @classmethod
+    def batched_message(cls, message: Any) -> bool:
+        """Whether ``message`` is one this trainer's batched form runs (clients.batched): ``batched_begin`` gets its
+        payload. A ``fit``; a trainer that wraps its fit in a message of its own (PCFL's ``pcfl_fit``) says so here."""
+        return message.kind == "fit" and isinstance(message.payload, dict)
+
     def batched_begin(self, payload: Dict[str, Any]) -> None:
         """What ``on_fit`` does before its local update, for clients.batched."""
         if "params" in payload:
