@@ -356,6 +356,37 @@ def test_fl_show_says_which_path():
     assert "clients.batched: sequential (FedPHPTrainer overrides" in out and "declares no batched_form()" in out
 
 
+def test_fl_show_pcfl_says_over_which_bases_it_batches():
+    out = CliRunner().invoke(cli, ["show", "pcfl"]).output
+    assert "clients.batched: batched (PcflClientMixin around LocalTrainer's phases)" in out
+    line = next(ln for ln in out.splitlines() if "clients.batched over each" in ln)
+    assert "batched over apfl, ditto, fedavg," in line and "local;" in line
+    assert "sequential over perfedavg (PerFedAvgTrainer overrides local_update()" in line and "pfedme (" in line
+
+
+def test_pcfl_over_a_base_that_cannot_batch_is_refused_with_the_reason(tmp_path):
+    assert_run_refused("pcfl", ["clients.batched=on", "trainer.base=pfedme"],
+                       "PFedMeTrainer overrides local_update() and declares no batched_form()", tmp_path)
+
+
+def test_a_wrapper_form_covers_only_what_the_wrapper_overrides():
+    class Base(LocalSGDTrainer):
+        def local_update(self):  # a fit path of its own, no form: it cannot batch
+            return super().local_update()
+
+    class Wrapper:
+        batched_wraps = True
+
+        def batched_form(self):
+            return super().batched_form()
+
+    assert B.form_reason(type("W[LocalSGDTrainer]", (Wrapper, LocalSGDTrainer), {})) is None
+    assert "Base overrides local_update()" in B.form_reason(type("W[Base]", (Wrapper, Base), {}))
+    plain = type("Plain", (), {"batched_form": Wrapper.batched_form})  # the same form without batched_wraps
+    assert "overrides" in B.form_reason(type("P[LocalSGDTrainer]", (plain, LocalSGDTrainer),
+                                             {"local_update": LocalSGDTrainer.local_update}))
+
+
 def test_run_info_and_summary_say_which_path_ran(tmp_path):
     res = CliRunner().invoke(cli, ["run", "--plugin", "fedavg", "--no-progress", "--set", f"output_dir={tmp_path}",
                                    "--set", "run_name=r", "--set", "rounds=1", "--set", "model.name=mlp",
