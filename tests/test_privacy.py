@@ -296,3 +296,25 @@ def test_the_may_hold_a_row_shortcut_is_sound():
     column = torch.randn(6, 3)
     column[:, 1] = x[1]  # a row as a column, among values that are not the data's
     assert "input row" in guard.violation(0, {"w": column})
+
+
+def test_one_count_over_a_whole_reply_is_a_sound_shortcut():
+    """A reply whose tensors together hold fewer row values than a row has is settled by one count; when they hold
+    enough together, each tensor is counted (and scanned) as before, and a row split over no tensor is not
+    invented, while a row inside one tensor among several is found."""
+    from pflkit.core.engine.privacy import PrivacyGuard, _ClientRows, _RollingHash
+
+    x = torch.tensor([[0., 1., 2., 3., 4., 5.], [5., 4., 3., 2., 1., 0.]], dtype=torch.float32)
+    rows = _ClientRows([x], [], _RollingHash())
+    a, b = torch.randn(50) * 0.1, torch.randn(4, 10, dtype=torch.float64) * 0.1
+    a[:3], b[0, :2] = torch.tensor([0., 1., 2.]), torch.tensor([3., 4.], dtype=torch.float64)
+    assert rows.none_may_hold_a_row([a, b])  # 5 values in all: fewer than a row (mixed dtypes)
+    b[1, 0] = 5.0
+    assert not rows.none_may_hold_a_row([a, b])  # 6 in all: each tensor is counted on its own
+    guard = PrivacyGuard()
+    guard.register(0, [x], [])
+    assert guard.violation(0, {"a": a, "b": b, "n": [1, 2]}) is None  # 6 values, no row among them
+    c = torch.randn(20) * 0.1
+    c[7:13] = x[0]
+    assert "input row" in guard.violation(0, {"a": a, "c": c})
+    assert "input row" in guard.violation(0, {"w": torch.randn(30), "rows": [0, 1, 2, 3, 4, 5]})

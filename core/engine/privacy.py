@@ -214,9 +214,29 @@ class _ClientRows:
         """False only when ``t`` holds fewer values from the client's rows than a row has (a sound shortcut)."""
         if self.values is None:
             return True
-        flat = _widen(t.reshape(-1))
+        return self._row_values(_widen(t.reshape(-1))) >= self.row_len
+
+    def none_may_hold_a_row(self, parts: List[torch.Tensor]) -> bool:
+        """True when ``parts`` together hold fewer values from the client's rows than a row has: then none of them
+        can hold a row (each one's count is at most the total), and one count replaces a count per tensor."""
+        if self.values is None or not parts:
+            return False
+        flats = [p.reshape(-1) for p in parts]
+        if all(f.dtype == flats[0].dtype for f in flats):  # one copy to float64, the values as _widen gives them
+            joined = _widen(torch.cat(flats))
+        else:
+            joined = torch.cat([_widen(f) for f in flats])
+        return self._row_values(joined) < self.row_len
+
+    def _row_values(self, flat: torch.Tensor) -> int:
+        """How many of the float64 values ``flat`` are values of the client's rows."""
         at = torch.searchsorted(self.values, flat).clamp_(max=len(self.values) - 1)
-        return int((self.values.index_select(0, at) == flat).sum()) >= self.row_len
+        return int((self.values.index_select(0, at) == flat).sum())
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, a complex tensor as its real view (real and imaginary parts along a last dimension)."""
+    return torch.view_as_real(t.detach()) if t.is_complex() else t.detach()
 
 
 def _widen(t: torch.Tensor) -> torch.Tensor:
@@ -323,13 +343,19 @@ class PrivacyGuard:
         client = self._clients.get(cid)
         if client is None:
             return None
-        for kind, item in _sequences(reply):
-            reason = self._tensor_leak(client, item) if kind == "tensor" else self._values_leak(client, item)
+        items = list(_sequences(reply))
+        # trained weights rarely hold a row's values at all: one count over the whole reply settles that for every
+        # tensor at once (the per-tensor count, then the row scans, run only when the reply holds enough of them)
+        clear = client.check_rows and client.none_may_hold_a_row(
+            [_real(item) for _, item in items if item.numel()])
+        for kind, item in items:
+            reason = self._tensor_leak(client, item, clear) if kind == "tensor" else \
+                self._values_leak(client, item, clear)
             if reason:
                 return f"reply contains {reason} (privacy boundary)"
         return None
 
-    def _tensor_leak(self, client: _ClientRows, t: torch.Tensor) -> Optional[str]:
+    def _tensor_leak(self, client: _ClientRows, t: torch.Tensor, clear: bool = False) -> Optional[str]:
         try:
             storage = t.untyped_storage()
             start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
@@ -339,9 +365,9 @@ class PrivacyGuard:
             pass
         if t.numel() == 0:
             return None
-        t = torch.view_as_real(t.detach()) if t.is_complex() else t.detach()  # real parts along dim -2
+        t = _real(t)  # real parts along dim -2
         flat = t.reshape(-1)
-        if not client.check_rows or not client.may_hold_a_row(t):
+        if not client.check_rows or clear or not client.may_hold_a_row(t):
             return self._labels_leak(client, flat)
         reason = self._labels_leak(client, flat) or self._rows_leak(client, flat)
         if reason:
@@ -360,10 +386,10 @@ class PrivacyGuard:
                 return "a label vector of the client's raw data"
         return None
 
-    def _values_leak(self, client: _ClientRows, flat: torch.Tensor) -> Optional[str]:
+    def _values_leak(self, client: _ClientRows, flat: torch.Tensor, clear: bool = False) -> Optional[str]:
         """``flat``: a 1-D tensor of any real dtype, read in order."""
         reason = self._labels_leak(client, flat)
-        if reason or not client.check_rows or not client.may_hold_a_row(flat):
+        if reason or not client.check_rows or clear or not client.may_hold_a_row(flat):
             return reason
         return self._rows_leak(client, flat)
 
