@@ -209,6 +209,7 @@ class _ClientRows:
             distinct = torch.unique(torch.cat([torch.unique(_widen(source)) for source in self.sources]))
             if len(distinct) <= MAX_VALUE_SET:
                 self.values = distinct
+        self.screens = _screens(self.values) if self.values is not None else {}
 
     def may_hold_a_row(self, t: torch.Tensor) -> bool:
         """False only when ``t`` holds fewer values from the client's rows than a row has (a sound shortcut)."""
@@ -222,16 +223,54 @@ class _ClientRows:
         if self.values is None or not parts:
             return False
         flats = [p.reshape(-1) for p in parts]
+        if self._screened(flats) < self.row_len:  # an upper bound of the count, cheaper than the count
+            return True
         if all(f.dtype == flats[0].dtype for f in flats):  # one copy to float64, the values as _widen gives them
             joined = _widen(torch.cat(flats))
         else:
             joined = torch.cat([_widen(f) for f in flats])
         return self._row_values(joined) < self.row_len
 
+    def _screened(self, flats: List[torch.Tensor]) -> int:
+        """An upper bound of how many of ``flats``' values are values of the client's rows: float32 and float64
+        values are looked up by the low bits of their bit patterns (a value equal to a row value has its bit
+        pattern, -0.0 folded into 0.0, so it is always counted; others collide now and then); values of other
+        dtypes are counted exactly."""
+        total = 0
+        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+        for f in flats:
+            by_dtype.setdefault(f.dtype, []).append(f)
+        for dtype, group in by_dtype.items():
+            joined = torch.cat(group) if len(group) > 1 else group[0]
+            screen = self.screens.get(dtype)
+            if screen is None:
+                total += self._row_values(_widen(joined))
+                continue
+            table, mask, itype = screen
+            bits = (joined + 0.0).view(itype).bitwise_and_(mask)
+            total += int(table.index_select(0, bits).sum())
+        return total
+
     def _row_values(self, flat: torch.Tensor) -> int:
         """How many of the float64 values ``flat`` are values of the client's rows."""
         at = torch.searchsorted(self.values, flat).clamp_(max=len(self.values) - 1)
         return int((self.values.index_select(0, at) == flat).sum())
+
+
+def _screens(values: torch.Tensor) -> Dict[torch.dtype, Tuple[torch.Tensor, int, torch.dtype]]:
+    """For float32 and float64: a table over the low bits of bit patterns marking those of the row values that the
+    dtype holds exactly (``_ClientRows._screened``), its mask and the integer dtype of the patterns. 2^10 to 2^16
+    one-byte entries, about 64 per value, so that few other values collide."""
+    width = min(16, max(10, (len(values) - 1).bit_length() + 6))
+    mask = (1 << width) - 1
+    out = {}
+    for dtype, itype in ((torch.float32, torch.int32), (torch.float64, torch.int64)):
+        held = values.to(dtype)
+        held = held[held.to(torch.float64) == values]  # a value the dtype cannot hold equals none of its values
+        table = torch.zeros(1 << width, dtype=torch.uint8)
+        table[held.view(itype).bitwise_and(mask).long()] = 1
+        out[dtype] = (table, mask, itype)
+    return out
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
