@@ -66,8 +66,10 @@ SUPPORTED = {
     "pcfl-fedavg-momentum": (PCFL_SINE, ("trainer.base=fedavg", "train.momentum=0.9")),
     "pcfl-fedrep": (PCFL_SINE, ("trainer.base=fedrep", "trainer.head_epochs=2")),
     "pcfl-ditto": (PCFL_SINE, ("trainer.base=ditto",)),
-    # every step through vmap (on CPU a step of four clients or fewer otherwise runs plain per-client passes)
+    # every step through vmap (on CPU a step of four clients or fewer otherwise runs plain per-client passes), and
+    # through vmap(grad), which stacks of 80 clients or more take
     "pcfl-fedavg-vmap": (PCFL_SINE, ("trainer.base=fedavg",)),
+    "pcfl-ditto-vmap-grad": (PCFL_SINE, ("trainer.base=ditto",)),
 }
 
 
@@ -116,8 +118,10 @@ def _groups(sim, name):
 
 @pytest.mark.parametrize("name", list(SUPPORTED))
 def test_one_round_batched_equals_sequential(tmp_path, name, monkeypatch):
-    if name.endswith("-vmap"):
+    if name.endswith("-vmap") or name.endswith("-vmap-grad"):
         monkeypatch.setattr(B, "SOLO_CLIENTS", 0)
+    if name.endswith("-vmap-grad"):
+        monkeypatch.setattr(B, "GRAD_TRANSFORM_CLIENTS", 1)
     seq, seq_replies, seq_states = _one_round(tmp_path, name, "off")
     bat, bat_replies, bat_states = _one_round(tmp_path, name, "on")
     assert bat.batched_plan.batched and bat.backend.batched.fallbacks == 0

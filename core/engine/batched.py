@@ -22,8 +22,11 @@ changes only ``loss`` / ``data_loss`` / ``shared_keys`` (or freezes parameters i
 overrides ``on_fit``, ``receive``, ``upload``, ``local_update``, ``batches`` or ``batched_begin`` declares its own
 form in that class (FedRep's two phases, Ditto's personal and global solves, ...). The loss may read only what is
 the same for every client (hyperparameters, the task); per-client constants live as buffers of a module in the
-form. A probe at start runs every phase's loss under ``vmap`` with random operations refused, so dropout or a loss
-vmap cannot trace is a reason not to batch, said once, never a wrong number.
+form; per-client inputs of a step beyond its batch (PCFL's synthetic batch, drawn from the client's own generator)
+are drawn before the steps (``BatchedPhase.inputs``) and laid out along the stack like the batches. A probe at start
+runs every phase's loss under ``vmap`` with random operations refused, so dropout or a loss vmap cannot trace is a
+reason not to batch, said once, never a wrong number. A mixin that augments another trainer (``batched_wraps``)
+wraps the form of the class below it, and says through ``batched_message`` which messages run it.
 
 Everything around the training stays per client: receiving the server's message, uploading, vetting each reply,
 rollback, the state store. A batched group that raises or passes its time limit runs again one client at a time, so
