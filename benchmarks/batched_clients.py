@@ -4,7 +4,8 @@ For each setting two simulations of the same configuration are built, one with `
 with ``clients.batched=on``; after one warm-up round each, their training rounds are run interleaved (sequential
 round r, batched round r, sequential round r+1, ...), so both see the same machine load, and the median of each
 path's ``round_seconds`` (the server's round: every selected client's local update and the aggregation, no
-evaluation) is reported with their ratio. Peak memory: on CUDA the peak device memory allocated by each path's
+evaluation) is reported with their ratio, and beside it the median of the round's process CPU seconds (on CPU,
+one thread: what the round computed, which a machine shared with other jobs stretches far less than wall time). Peak memory: on CUDA the peak device memory allocated by each path's
 rounds; on CPU the process's peak resident memory (VmHWM) after the sequential warm-up round and how much the
 batched warm-up round added to it.
 
@@ -47,14 +48,20 @@ def build(algorithm: str, mode: str, out: Path, sets: List[str]) -> Any:
 
 
 def one_round(sim: Any, rnd: int, cuda: bool) -> float:
+    return one_round_cpu(sim, rnd, cuda)[0]
+
+
+def one_round_cpu(sim: Any, rnd: int, cuda: bool) -> tuple:
+    """The round's wall seconds (``round_seconds``) and this process's CPU seconds over it."""
     import torch
 
     if cuda:
         torch.cuda.synchronize()
+    cpu = time.process_time()
     record = sim.run_round(rnd)
     if cuda:
         torch.cuda.synchronize()
-    return float(record["round_seconds"])
+    return float(record["round_seconds"]), time.process_time() - cpu
 
 
 def measure(algorithm: str, sets: List[str], rounds: int, out: Path, cuda: bool) -> Dict[str, Any]:
@@ -74,16 +81,21 @@ def measure(algorithm: str, sets: List[str], rounds: int, out: Path, cuda: bool)
         one_round(sim, 1, cuda)
         mem[name] = torch.cuda.max_memory_allocated() / 2 ** 20 if cuda else peak_rss_mib()
     times: Dict[str, List[float]] = {"seq": [], "bat": []}
+    cpu: Dict[str, List[float]] = {"seq": [], "bat": []}
     for rnd in range(2, rounds + 2):  # interleaved: both paths see the same load
-        times["seq"].append(one_round(seq, rnd, cuda))
-        times["bat"].append(one_round(bat, rnd, cuda))
+        for name, sim in (("seq", seq), ("bat", bat)):
+            wall, used = one_round_cpu(sim, rnd, cuda)
+            times[name].append(wall)
+            cpu[name].append(used)
     s, b = statistics.median(times["seq"]), statistics.median(times["bat"])
+    cs, cb = statistics.median(cpu["seq"]), statistics.median(cpu["bat"])
     groups = bat.backend.batched.groups_run
     for sim in (seq, bat):
         sim.logger.close()
         sim.rundir.release()
         sim.backend.close()
-    return {"seq": s, "bat": b, "ratio": s / b, "mem": mem, "groups": groups}
+    return {"seq": s, "bat": b, "ratio": s / b, "mem": mem, "groups": groups, "cpu_seq": cs, "cpu_bat": cb,
+            "cpu_ratio": cs / cb if cb else float("nan")}
 
 
 def micro(repeats: int = 200) -> None:
@@ -223,7 +235,8 @@ def main(argv: Optional[List[str]] = None) -> None:
           + (f" ({torch.cuda.get_device_name(args.device)})" if cuda else "")
           + f"; partition {args.partition}; median of {args.rounds} interleaved rounds after one warm-up round each")
     mem_head = "peak MiB seq / bat" if cuda else "peak RSS MiB after seq / +bat"
-    print(f"{'setting':48} {'algorithm':9} {'seq s/round':>11} {'batched':>9} {'speed-up':>8}  {mem_head}")
+    print(f"{'setting':48} {'algorithm':9} {'seq s/round':>11} {'batched':>9} {'speed-up':>8}  "
+          f"{'CPU s seq':>9} {'batched':>9} {'speed-up':>8}  {mem_head}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, algo, sets in settings:
             try:
@@ -236,7 +249,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                 continue
             mem = (f"{r['mem']['seq']:.0f} / {r['mem']['bat']:.0f}" if cuda else
                    f"{r['mem']['seq']:.0f} / +{max(0.0, r['mem']['bat'] - r['mem']['seq']):.0f}")
-            print(f"{name:48} {algo:9} {r['seq']:11.4f} {r['bat']:9.4f} {r['ratio']:7.2f}x  {mem}", flush=True)
+            print(f"{name:48} {algo:9} {r['seq']:11.4f} {r['bat']:9.4f} {r['ratio']:7.2f}x  "
+                  f"{r['cpu_seq']:9.4f} {r['cpu_bat']:9.4f} {r['cpu_ratio']:7.2f}x  {mem}", flush=True)
 
 
 if __name__ == "__main__":

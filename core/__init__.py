@@ -39,7 +39,8 @@ _EXPORTS: Dict[str, str] = {
     "TensorData": ".api.training", "evaluate": ".api.training", "make_optimizer": ".api.training",
     "minibatches": ".api.training", "run_sgd": ".api.training", "clip_gradients": ".api.training",
     "fold_mean": ".api.fold", "Layout": ".api.fold", "layout_of": ".api.fold",
-    "BatchedForm": ".api.batching", "BatchedPhase": ".api.batching", "trained_names": ".api.batching",
+    "BatchedForm": ".api.batching", "BatchedPhase": ".api.batching", "StepInputs": ".api.batching",
+    "trained_names": ".api.batching",
     "ServerClientStore": ".api.serverstore", "same_state": ".api.clientstate",
     "derive_seed": ".common.seeding",
     # registries

@@ -18,6 +18,16 @@ from pflkit.core.testing import (OneTrainerPerClient, assert_resume_matches_full
 
 MLP = {"partition": {"num_clients": 6}, "model": {"name": "mlp", "hidden": [24]}, "train": {"batch_size": 10}}
 BN_MODEL = {"model": {"name": "fedbn_cnn", "channels": [4], "hidden": [8]}}
+# PCFL on its synthetic task, shrunk (plugins/pcfl/tests/conftest.py): 6 clients, a 4-step flow, every client each
+# round; synthetic samples anywhere in a client's own region, so that most clients hold some (sizes 0, 0, 15, 4, 1,
+# 15: clients stack by their synthetic batch size, 0, 1, 4 or 10)
+PCFL_SINE = {"dataset": {"name": "pcfl_sine", "num_clients": 6, "samples_per_client": 40},
+             "partition": {"name": "by_group", "num_clients": 6}, "model": {"name": "mlp", "hidden": [8, 8]},
+             "participation": {"join_ratio": 1.0}, "train": {"batch_size": 10, "local_epochs": 2, "lr": 0.05},
+             "trainer": {"clusters": 2, "synthetic_region": "own"},
+             "aggregator": {"flow_epochs": 4, "setup_block": 2, "flow_hidden": 8, "flow_transforms": 2,
+                            "flow_inner_transforms": 2, "flow_join_ratio": 0.5, "flow_batch_size": 20,
+                            "flow_lr": 0.01}}
 
 # algorithm -> (config overrides, --set): every algorithm whose trainer the core batches, each checked below
 SUPPORTED = {
@@ -51,6 +61,15 @@ SUPPORTED = {
     "fedrod-momentum": ({}, ("train.momentum=0.9", "trainer.bsm_gamma=0.5")),
     "apfl": ({}, ("trainer.alpha_lr=0.5",)),  # adaptive alpha, a step large enough to move it
     "apfl-fixed-alpha-momentum": ({}, ("trainer.adaptive=false", "train.momentum=0.9")),
+    # PCFL over a batched base: the beta term's synthetic batches drawn per client before the steps, passed as inputs
+    "pcfl": (PCFL_SINE, ()),  # over Local, its default base
+    "pcfl-fedavg-momentum": (PCFL_SINE, ("trainer.base=fedavg", "train.momentum=0.9")),
+    "pcfl-fedrep": (PCFL_SINE, ("trainer.base=fedrep", "trainer.head_epochs=2")),
+    "pcfl-ditto": (PCFL_SINE, ("trainer.base=ditto",)),
+    # every step through vmap (on CPU a step of four clients or fewer otherwise runs plain per-client passes), and
+    # through vmap(grad), which stacks of 80 clients or more take
+    "pcfl-fedavg-vmap": (PCFL_SINE, ("trainer.base=fedavg",)),
+    "pcfl-ditto-vmap-grad": (PCFL_SINE, ("trainer.base=ditto",)),
 }
 
 
@@ -89,11 +108,24 @@ def _one_round(tmp_path, name, mode):
     return sim, replies, states
 
 
+def _groups(sim, name):
+    """The batched groups one round takes: one, but PCFL's clients stack by their synthetic batch size."""
+    if _algo(name) != "pcfl":
+        return 1
+    size = int(sim.cfg.train.batch_size)
+    return len({min(size, len(sim.backend.trainers[cid].syn_y)) for cid in sim.client_ids})
+
+
 @pytest.mark.parametrize("name", list(SUPPORTED))
-def test_one_round_batched_equals_sequential(tmp_path, name):
+def test_one_round_batched_equals_sequential(tmp_path, name, monkeypatch):
+    if name.endswith("-vmap") or name.endswith("-vmap-grad"):
+        monkeypatch.setattr(B, "SOLO_CLIENTS", 0)
+    if name.endswith("-vmap-grad"):
+        monkeypatch.setattr(B, "GRAD_TRANSFORM_CLIENTS", 1)
     seq, seq_replies, seq_states = _one_round(tmp_path, name, "off")
     bat, bat_replies, bat_states = _one_round(tmp_path, name, "on")
-    assert bat.batched_plan.batched and bat.backend.batched.groups_run == 1 and bat.backend.batched.fallbacks == 0
+    assert bat.batched_plan.batched and bat.backend.batched.fallbacks == 0
+    assert bat.backend.batched.groups_run == _groups(bat, name)
     assert not seq.batched_plan.batched and seq.backend.batched is None
     assert seq_replies.keys() == bat_replies.keys() == set(seq.client_ids)
     for cid in seq_replies:  # every client's upload and its kept state, to a relative 1e-4
@@ -113,15 +145,32 @@ DIGITS_30 = {"rounds": 30, "partition": {"num_clients": 8}, "model": {"name": "m
 
 THIRTY = {"fedavg": (), "fedper": (), "fedbabu": (), "lgfedavg": (), "fedrep": ("trainer.head_epochs=2",),
           "ditto": (), "fedprox": ("trainer.mu=0.1",), "fedcp": (), "fedcac": (), "fedntd": (), "moon": (), "local": (), "fedsa": (),
-          "fedc2i": ("dataset.name=digits", "partition.name=dirichlet"), "fedrod": (), "apfl": ()}
+          "fedc2i": ("dataset.name=digits", "partition.name=dirichlet"), "fedrod": (), "apfl": (),
+          # with its BatchNorm layers (an MLP has none: FedBN would be FedAvg). iid: on the Dirichlet split this tiny
+          # BatchNorm CNN amplifies float rounding -- the sequential run alone ends 1.6 points apart when train.lr
+          # moves by 2e-7 of itself (docs/batched-clients.md) -- so no path could be held to 0.3 points there
+          "fedbn": ("partition.name=iid",),
+          # PCFL(Local) on its shrunk synthetic task (a regression: MSE within 1 % of the sequential run's)
+          "pcfl": ()}
+THIRTY_OVERRIDES = {"fedbn": {"model": {"name": "fedbn_cnn", "channels": [4], "hidden": [8]}},
+                    "pcfl": _merge(PCFL_SINE, {"partition": {"num_clients": 6}})}
 
 
 @pytest.mark.parametrize("algorithm", list(THIRTY))
 def test_thirty_digits_rounds_end_within_a_third_of_a_point(tmp_path, algorithm):
-    _, seq = tiny_run(algorithm, tmp_path / "seq", DIGITS_30, THIRTY[algorithm] + ("clients.batched=off",))
-    _, bat = tiny_run(algorithm, tmp_path / "bat", DIGITS_30, THIRTY[algorithm] + ("clients.batched=on",))
+    over = _merge(DIGITS_30, THIRTY_OVERRIDES.get(algorithm, {}))
+    _, seq = tiny_run(algorithm, tmp_path / "seq", over, THIRTY[algorithm] + ("clients.batched=off",))
+    _, bat = tiny_run(algorithm, tmp_path / "bat", over, THIRTY[algorithm] + ("clients.batched=on",))
     assert bat["clients_batched"]["path"] == "batched" and seq["clients_batched"]["path"] == "sequential"
-    assert abs(bat["final"]["uniform"] - seq["final"]["uniform"]) <= 0.003
+    assert bat["rounds_completed"] == seq["rounds_completed"] == 30
+    if seq["metric"] == "accuracy":
+        assert abs(bat["final"]["uniform"] - seq["final"]["uniform"]) <= 0.003
+    else:
+        assert abs(bat["final"]["uniform"] - seq["final"]["uniform"]) <= 0.01 * abs(seq["final"]["uniform"])
+
+
+def test_every_batched_algorithm_has_its_thirty_round_check():
+    assert {_algo(name) for name in SUPPORTED} == set(THIRTY)
 
 
 def test_third_party_trainer_that_changes_only_its_loss_batches(tmp_path, registries_snapshot):
@@ -309,6 +358,37 @@ def test_fl_show_says_which_path():
         cli, ["show", "fedrep"]).output
     out = CliRunner().invoke(cli, ["show", "fedphp"]).output
     assert "clients.batched: sequential (FedPHPTrainer overrides" in out and "declares no batched_form()" in out
+
+
+def test_fl_show_pcfl_says_over_which_bases_it_batches():
+    out = CliRunner().invoke(cli, ["show", "pcfl"]).output
+    assert "clients.batched: batched (PcflClientMixin around LocalTrainer's phases)" in out
+    line = next(ln for ln in out.splitlines() if "clients.batched over each" in ln)
+    assert "batched over apfl, ditto, fedavg," in line and "local;" in line
+    assert "sequential over perfedavg (PerFedAvgTrainer overrides local_update()" in line and "pfedme (" in line
+
+
+def test_pcfl_over_a_base_that_cannot_batch_is_refused_with_the_reason(tmp_path):
+    assert_run_refused("pcfl", ["clients.batched=on", "trainer.base=pfedme"],
+                       "PFedMeTrainer overrides local_update() and declares no batched_form()", tmp_path)
+
+
+def test_a_wrapper_form_covers_only_what_the_wrapper_overrides():
+    class Base(LocalSGDTrainer):
+        def local_update(self):  # a fit path of its own, no form: it cannot batch
+            return super().local_update()
+
+    class Wrapper:
+        batched_wraps = True
+
+        def batched_form(self):
+            return super().batched_form()
+
+    assert B.form_reason(type("W[LocalSGDTrainer]", (Wrapper, LocalSGDTrainer), {})) is None
+    assert "Base overrides local_update()" in B.form_reason(type("W[Base]", (Wrapper, Base), {}))
+    plain = type("Plain", (), {"batched_form": Wrapper.batched_form})  # the same form without batched_wraps
+    assert "overrides" in B.form_reason(type("P[LocalSGDTrainer]", (plain, LocalSGDTrainer),
+                                             {"local_update": LocalSGDTrainer.local_update}))
 
 
 def test_run_info_and_summary_say_which_path_ran(tmp_path):

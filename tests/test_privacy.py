@@ -296,3 +296,46 @@ def test_the_may_hold_a_row_shortcut_is_sound():
     column = torch.randn(6, 3)
     column[:, 1] = x[1]  # a row as a column, among values that are not the data's
     assert "input row" in guard.violation(0, {"w": column})
+
+
+def test_one_count_over_a_whole_reply_is_a_sound_shortcut():
+    """A reply whose tensors together hold fewer row values than a row has is settled by one count; when they hold
+    enough together, each tensor is counted (and scanned) as before, and a row split over no tensor is not
+    invented, while a row inside one tensor among several is found."""
+    from pflkit.core.engine.privacy import PrivacyGuard, _ClientRows, _RollingHash
+
+    x = torch.tensor([[0., 1., 2., 3., 4., 5.], [5., 4., 3., 2., 1., 0.]], dtype=torch.float32)
+    rows = _ClientRows([x], [], _RollingHash())
+    a, b = torch.randn(50) * 0.1, torch.randn(4, 10, dtype=torch.float64) * 0.1
+    a[:3], b[0, :2] = torch.tensor([0., 1., 2.]), torch.tensor([3., 4.], dtype=torch.float64)
+    assert rows.none_may_hold_a_row([a, b])  # 5 values in all: fewer than a row (mixed dtypes)
+    b[1, 0] = 5.0
+    assert not rows.none_may_hold_a_row([a, b])  # 6 in all: each tensor is counted on its own
+    guard = PrivacyGuard()
+    guard.register(0, [x], [])
+    assert guard.violation(0, {"a": a, "b": b, "n": [1, 2]}) is None  # 6 values, no row among them
+    c = torch.randn(20) * 0.1
+    c[7:13] = x[0]
+    assert "input row" in guard.violation(0, {"a": a, "c": c})
+    assert "input row" in guard.violation(0, {"w": torch.randn(30), "rows": [0, 1, 2, 3, 4, 5]})
+
+
+def test_the_bit_pattern_screen_never_undercounts():
+    """The cheap screen over float32/float64 bit patterns is an upper bound of the exact count of row values in any
+    dtype (-0.0 counted as 0.0, a float64 row value float32 cannot hold matched by no float32 value)."""
+    from pflkit.core.engine.privacy import _ClientRows, _RollingHash, _widen
+
+    x = torch.tensor([[0., 0.1, 2., 3., 4., 5.], [5., 4., 3., 2., 1., -7.25]], dtype=torch.float64)
+    rows = _ClientRows([x], [], _RollingHash())
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64):
+        for _ in range(20):
+            t = (torch.randn(300, generator=g) * 3).to(dtype)
+            picks = torch.randint(0, 12, (40,), generator=g)
+            t[torch.randint(0, 300, (40,), generator=g)] = x.reshape(-1)[picks].to(dtype)
+            t[:2] = torch.tensor([-0.0, 0.1]).to(dtype)  # -0.0 is the row value 0.0; float32's 0.1 is not 0.1
+            exact = rows._row_values(_widen(t))
+            assert rows._screened([t]) >= exact, dtype
+    assert rows._screened([torch.tensor([0.1] * 10, dtype=torch.float32)]) == 0  # nothing float32 holds equals 0.1
+    assert rows._screened([torch.tensor([0.1] * 10, dtype=torch.float64)]) == 10
+    assert rows._screened([torch.tensor([-0.0, -7.25, 5.0])]) == 3

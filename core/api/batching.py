@@ -8,6 +8,9 @@ core calls it with one stacked client's tensors substituted into the modules (``
 must reach parameters through the modules (``self.model(x)``, ``self.model.named_parameters()``), never through
 lists of parameter objects kept aside, and may read only what is the same for every client (hyperparameters, the
 task). ``reply`` builds the fit reply on the client's own trainer once its trained tensors are back in its modules.
+A loss that needs more per client and step than its mini-batch (PCFL's batch of synthetic samples, drawn from the
+client's own generator) declares it as ``BatchedPhase.inputs``: drawn per client before the stacked steps and passed
+to the loss after ``x, y``.
 """
 from __future__ import annotations
 
@@ -38,6 +41,22 @@ class BatchedPhase:
     aux: bool = False
     lrs: Optional[Dict[str, float]] = None  # learning rates of some trained tensors (name -> lr), the others ``lr``
     projected: Optional[Dict[str, tuple]] = None  # name -> (lr, low, high): plain projected gradient steps
+    # per-step inputs of the loss beyond (x, y): called with the phase's step count on the client's own trainer, in
+    # phase order once its batch order is drawn; returns its StepInputs (None: none, the loss gets x, y only)
+    inputs: Optional[Callable[[int], Optional["StepInputs"]]] = None
+
+
+@dataclass
+class StepInputs:
+    """One client's extra inputs of a phase's loss, per step: step ``s`` (in the phase's order, as the sequential
+    loop takes them) calls ``loss(x, y, *source.batch(index[s]))``. ``index``: [steps, m] sample indices into
+    ``source`` (anything with ``batch(idx) -> tuple of tensors``, e.g. a ``TensorData``). The clients stacked in one
+    group have the same ``m`` and the same tensor shapes (clients that differ are stacked in different groups).
+    Drawn before the steps, so they must come from a generator of their own, not the one that draws the batch
+    order."""
+
+    source: Any
+    index: torch.Tensor
 
 
 @dataclass

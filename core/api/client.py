@@ -203,6 +203,12 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
         return BatchedForm({"model": self.model}, [phase], lambda losses, start, aux: {
             "params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": losses[-1]})
 
+    @classmethod
+    def batched_message(cls, message: Any) -> bool:
+        """Whether ``message`` is one this trainer's batched form runs (clients.batched): ``batched_begin`` gets its
+        payload. A ``fit``; a trainer that wraps its fit in a message of its own (PCFL's ``pcfl_fit``) says so here."""
+        return message.kind == "fit" and isinstance(message.payload, dict)
+
     def batched_begin(self, payload: Dict[str, Any]) -> None:
         """What ``on_fit`` does before its local update, for clients.batched."""
         if "params" in payload:
@@ -219,15 +225,24 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
     # declared state: the model keys the server never sends (FedAvg: none; FedPer: the head; FedBN: BN layers)
     def client_keys(self) -> List[str]:
         """Model keys this client keeps between calls: those not in ``self.shared`` (every message brings those)."""
-        shared = set(self.shared)
-        return [k for k in self.model.state_dict() if k not in shared]
+        # found once per model and shared list (a pooled trainer swaps clients several times a round, and
+        # state_dict() walks every module): the keys of a built model do not change
+        cached = self.__dict__.get("_client_keys_of")
+        if cached is None or cached[0] is not self.model or cached[1] is not self.shared:
+            shared = set(self.shared)
+            cached = self._client_keys_of = (self.model, self.shared,
+                                             [k for k in self.model.state_dict() if k not in shared])
+        return list(cached[2])
 
     def client_state(self) -> Dict[str, Any]:
-        return {"model": host_copy(self.model.state_dict(), self.client_keys())}
+        keys = self.client_keys()
+        return {"model": host_copy(self.model.state_dict(), keys) if keys else {}}
 
     def load_client_state(self, state: Dict[str, Any]) -> None:
         saved = state["model"]
-        load_into(self.model, {k: saved[k] for k in self.client_keys()})
+        keys = self.client_keys()
+        if keys:
+            load_into(self.model, {k: saved[k] for k in keys})
 
     def swapped_in(self) -> None:
         # the shared keys still hold the previous client's values until this client's message brings the server's

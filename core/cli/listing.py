@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import click
 
@@ -127,6 +127,7 @@ def show_command(name: str) -> None:
                        f"beneath this algorithm's): {', '.join(runs) or '(none)'}")
             for base, reason in refused.items():
                 click.echo(f"  not with these defaults: {base} ({reason})")
+            click.echo(batched_bases_line(objs["trainer"], objs["aggregator"], runs))
         click.echo(f"\n{dryrun.global_model_line(name)}")
         other = {k: v for k, v in defaults.items() if k not in ("trainer", "aggregator")}
         if other:
@@ -174,6 +175,21 @@ def batched_line(trainer: Any) -> str:
     _, how = trainer_batches(trainer)
     return (f"  clients.batched: {how}; with the default clients.batched=auto, batched on CUDA and one after "
             f"another on CPU" if how.startswith("batched") else f"  clients.batched: {how}")
+
+
+def batched_bases_line(trainer: Any, aggregator: Any, bases: List[str]) -> str:
+    """For an augmenting algorithm: over which of ``bases`` its clients can be trained as one vectorised model."""
+    from ..engine.batched import form_reason
+
+    batched, sequential = [], []
+    for base in bases:
+        reason = form_reason(compose.compose(trainer, aggregator, base).trainer)
+        if reason is None:
+            batched.append(base)
+        else:
+            sequential.append(f"{base} ({reason.split(' (a LocalSGDTrainer')[0]})")  # the cause, not the advice
+    return (f"  clients.batched over each: batched over {', '.join(batched) or '(none)'}"
+            + (f"; sequential over {'; '.join(sequential)}" if sequential else ""))
 
 
 def aggregation_line(aggregator: Any) -> str:

@@ -22,8 +22,11 @@ changes only ``loss`` / ``data_loss`` / ``shared_keys`` (or freezes parameters i
 overrides ``on_fit``, ``receive``, ``upload``, ``local_update``, ``batches`` or ``batched_begin`` declares its own
 form in that class (FedRep's two phases, Ditto's personal and global solves, ...). The loss may read only what is
 the same for every client (hyperparameters, the task); per-client constants live as buffers of a module in the
-form. A probe at start runs every phase's loss under ``vmap`` with random operations refused, so dropout or a loss
-vmap cannot trace is a reason not to batch, said once, never a wrong number.
+form; per-client inputs of a step beyond its batch (PCFL's synthetic batch, drawn from the client's own generator)
+are drawn before the steps (``BatchedPhase.inputs``) and laid out along the stack like the batches. A probe at start
+runs every phase's loss under ``vmap`` with random operations refused, so dropout or a loss vmap cannot trace is a
+reason not to batch, said once, never a wrong number. A mixin that augments another trainer (``batched_wraps``)
+wraps the form of the class below it, and says through ``batched_message`` which messages run it.
 
 Everything around the training stays per client: receiving the server's message, uploading, vetting each reply,
 rollback, the state store. A batched group that raises or passes its time limit runs again one client at a time, so
@@ -43,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..api.batching import BatchedForm
+from ..api.batching import BatchedForm, StepInputs
 from ..api.client import LocalSGDTrainer
 from ..api.training import batch_indices
 from ..common.calltimer import ClientTimedOut, deadline
@@ -54,7 +57,7 @@ log = logging.getLogger("pflkit")
 
 MODES = ("auto", "on", "off")
 # the methods of a local update's fit path: a trainer that keeps LocalSGDTrainer's has a derivable functional form
-FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches", "batched_begin")
+FIT_PATH = ("handle", "on_fit", "receive", "upload", "local_update", "batches", "batched_begin", "batched_message")
 SOLO_CLIENTS = 4  # on CPU a step of this many clients or fewer runs plain forward passes (cheaper than a vmap call)
 # a step of this many clients or more takes vmap(grad(...)) instead of a vmapped forward and one backward pass: on a
 # CPU the former's fixed cost is higher (64-100-10 MLP, batch 10: 0.57 against 0.38 ms), its backward over a large
@@ -64,24 +67,35 @@ MEMORY_SHARE = 0.5  # the share of free device memory one stacked group may use 
 
 
 # -- which trainers batch -------------------------------------------------------------------------------------------
-def _definer(cls: type, name: str) -> Optional[type]:
+def _definer(cls: type, name: str, skip: Sequence[type] = ()) -> Optional[type]:
     for klass in cls.__mro__:
-        if name in vars(klass):
+        if name in vars(klass) and klass not in skip:
             return klass
     return None
+
+
+def _wrappers(cls: type) -> List[type]:
+    """The classes of ``cls``'s MRO whose ``batched_form`` wraps the form of the class below them
+    (``batched_wraps = True`` in their own body beside ``batched_form``: an augmenting algorithm's mixin, PCFL's)."""
+    return [k for k in cls.__mro__ if vars(k).get("batched_wraps") and "batched_form" in vars(k)]
 
 
 def form_reason(trainer_cls: type) -> Optional[str]:
     """None when ``trainer_cls`` has a batched form (``batched_form``, core/api/batching.py) that covers its fit path;
     else why not (one phrase). LocalSGDTrainer's form covers a subclass that changes only ``loss``, ``data_loss``,
     ``shared_keys`` or its ``__init__``; a class that overrides a fit-path method must declare its own form in the same
-    class or below, so a form is never applied to a local update it was not written for."""
+    class or below, so a form is never applied to a local update it was not written for. A wrapper's form (a mixin
+    with ``batched_wraps``, which builds on ``super().batched_form()``) covers the methods the wrapper overrides; the
+    rest of the class must batch on its own."""
     name = getattr(trainer_cls, "__name__", str(trainer_cls))
-    form_owner = _definer(trainer_cls, "batched_form") if isinstance(trainer_cls, type) else None
-    if form_owner is None or _definer(trainer_cls, "batched_begin") is None:
+    if not isinstance(trainer_cls, type):
+        return f"{name} declares no batched form (batched_form, batched_begin)"
+    wrappers = _wrappers(trainer_cls)
+    form_owner = _definer(trainer_cls, "batched_form", wrappers)
+    if form_owner is None or _definer(trainer_cls, "batched_begin", wrappers) is None:
         return f"{name} declares no batched form (batched_form, batched_begin)"
     for method in FIT_PATH:
-        owner = _definer(trainer_cls, method)
+        owner = _definer(trainer_cls, method, wrappers)
         if owner is not None and not issubclass(form_owner, owner):
             return (f"{owner.__name__} overrides {method}() and declares no batched_form() for it (a LocalSGDTrainer "
                     f"that changes only loss, data_loss or shared_keys batches with no code of its own)")
@@ -92,9 +106,14 @@ def trainer_batches(trainer_cls: type) -> Tuple[bool, str]:
     """What ``fl show`` says: whether ``trainer_cls`` batches, and the phrase saying how or why not."""
     reason = form_reason(trainer_cls)
     if reason is None:
-        owner = _definer(trainer_cls, "batched_form")
-        how = "the core derives its vectorised local update" if owner is LocalSGDTrainer else \
-            f"{owner.__name__} declares its phases"
+        wrappers = _wrappers(trainer_cls)
+        owner = _definer(trainer_cls, "batched_form", wrappers)
+        if wrappers:
+            inner = "the core's derived local update" if owner is LocalSGDTrainer else f"{owner.__name__}'s phases"
+            how = f"{', '.join(w.__name__ for w in wrappers)} around {inner}"
+        else:
+            how = "the core derives its vectorised local update" if owner is LocalSGDTrainer else \
+                f"{owner.__name__} declares its phases"
         return True, f"batched ({how})"
     return False, f"sequential ({reason})"
 
@@ -108,6 +127,8 @@ class BatchedPlan:
     batched: bool
     reason: str
     stack: Optional[int] = None  # clients.stack (None: all of a round's clients on CPU, from free memory on CUDA)
+    # which messages the batched form runs (the trainer class's ``batched_message``; None: ``fit`` messages)
+    accepts: Optional[Callable[[Any], bool]] = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> Dict[str, Any]:
         return {"mode": self.mode, "path": "batched" if self.batched else "sequential", "reason": self.reason,
@@ -134,7 +155,8 @@ def decide(mode: str, trainer_cls: type, trainer_name: str, device: torch.device
                               f"use clients.batched=auto or off")
         return BatchedPlan(mode, False, reason, stack)
     return BatchedPlan(mode, True, "clients.batched=on" if mode == "on" else
-                       f"auto: {device.type} device and a trainer with a batched form", stack)
+                       f"auto: {device.type} device and a trainer with a batched form", stack,
+                       getattr(trainer_cls, "batched_message", None))
 
 
 # -- memory bound ---------------------------------------------------------------------------------------------------
@@ -230,13 +252,14 @@ class _Swap:
             store = sub._parameters if attr in sub._parameters else sub._buffers
             self.slots.append((store, attr, i))
 
-    def __call__(self, tensors: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> Any:
+    def __call__(self, tensors: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                 extra: Sequence[torch.Tensor] = ()) -> Any:
         slots = self.slots
         old = [store[attr] for store, attr, _ in slots]
         try:
             for store, attr, i in slots:
                 store[attr] = tensors[i]
-            return self.loss(x, y)
+            return self.loss(x, y, *extra)
         finally:
             for (store, attr, _), t in zip(slots, old):
                 store[attr] = t
@@ -247,7 +270,8 @@ class _Grads:
     ``aux``, also the loss's dict of scalars), for all clients at once: one ``vmap`` of the forward pass over the
     stacked tensors, then one ordinary backward pass of the sum of the clients' losses (the clients share nothing, so
     each client's gradient is its own loss's). On CPU a few clients run one plain forward pass each and share one
-    backward pass instead: a vmap call has a fixed cost of a few sequential steps."""
+    backward pass instead: a vmap call has a fixed cost of a few sequential steps. ``es``: the step's inputs beyond
+    the batch (``BatchedPhase.inputs``), a tuple of stacked tensors (or, with ``xs`` a list, one tuple per client)."""
 
     def __init__(self, holder: _Modules, loss: Callable, trains: Sequence[str], consts: Sequence[str],
                  aux: bool = False) -> None:
@@ -259,8 +283,8 @@ class _Grads:
         self.forward = vmap(self._one, randomness="error")
         self.transformed = vmap(grad_and_value(self._one, has_aux=aux), randomness="error")
 
-    def _one(self, params: Tuple[torch.Tensor, ...], consts: Tuple[torch.Tensor, ...], x, y):
-        return self.swap(params + consts, x, y)
+    def _one(self, params: Tuple[torch.Tensor, ...], consts: Tuple[torch.Tensor, ...], x, y, extra=()):
+        return self.swap(params + consts, x, y, extra)
 
     def _backward(self, value, leaves):
         loss, extra = value if self.aux else (value, None)
@@ -271,23 +295,24 @@ class _Grads:
             return grads, (loss, {n: v.detach() for n, v in extra.items()})
         return grads, loss
 
-    def vmapped(self, params: Sequence[torch.Tensor], consts: Sequence[torch.Tensor], xs, ys):
+    def vmapped(self, params: Sequence[torch.Tensor], consts: Sequence[torch.Tensor], xs, ys, es=()):
         if len(xs) >= GRAD_TRANSFORM_CLIENTS:  # a large stack: vmap(grad), whose backward is the faster one there
-            grads, value = self.transformed(tuple(params), tuple(consts), xs, ys)
+            grads, value = self.transformed(tuple(params), tuple(consts), xs, ys, tuple(es))
             return list(grads), value
         leaves = tuple(p.detach().requires_grad_() for p in params)
         with torch.enable_grad():
-            value = self.forward(leaves, tuple(consts), xs, ys)
+            value = self.forward(leaves, tuple(consts), xs, ys, tuple(es))
         return self._backward(value, leaves)
 
-    def solo(self, params: Sequence[torch.Tensor], consts: Sequence[torch.Tensor], xs, ys):
+    def solo(self, params: Sequence[torch.Tensor], consts: Sequence[torch.Tensor], xs, ys, es=()):
         """``xs``, ``ys``: stacked, or one batch per client (of any sizes). One plain forward pass per client, then
         one backward pass of the summed losses (the autograd engine runs once per step, not once per client)."""
         per_leaves, losses, extras = [], [], []
         with torch.enable_grad():
             for i in range(len(xs)):
                 leaves = tuple(p[i].detach().requires_grad_() for p in params)
-                value = self.swap(leaves + tuple(c[i] for c in consts), xs[i], ys[i])
+                extra = es[i] if isinstance(es, list) else tuple(e[i] for e in es)
+                value = self.swap(leaves + tuple(c[i] for c in consts), xs[i], ys[i], extra)
                 if self.aux:
                     value, extra = value
                     extras.append({n: v.detach() for n, v in extra.items()})
@@ -342,8 +367,12 @@ def probe(trainer: LocalSGDTrainer) -> Optional[str]:
             two = {n: t.detach().unsqueeze(0).repeat(2, *[1] * t.dim()).clone() for n, t in tensors.items()}
             names = [n for n in tensors if n in trains]
             consts = [n for n in tensors if n not in trains]
+            step_inputs = phase.inputs(1) if phase.inputs is not None else None
+            extra = step_inputs.source.batch(step_inputs.index[0]) if step_inputs is not None and \
+                len(step_inputs.index) else ()
             _Grads(holder, phase.loss, names, consts, phase.aux).vmapped(
-                [two[n] for n in names], [two[n] for n in consts], torch.stack([x, x]), torch.stack([y, y]))
+                [two[n] for n in names], [two[n] for n in consts], torch.stack([x, x]), torch.stack([y, y]),
+                tuple(torch.stack([e, e]) for e in extra))
     except Exception as exc:  # the loss cannot be vectorised: say why, run sequentially
         msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
         if "random" in msg.lower():
@@ -498,11 +527,13 @@ class StackedOptimizer:
 
 
 def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torch.Tensor]],
-                  plans: List[List[ClientPlan]], data: List[Any]
+                  plans: List[List[ClientPlan]], data: List[Any],
+                  inputs: Optional[List[List[Optional[StepInputs]]]] = None
                   ) -> Tuple[List[Dict[str, torch.Tensor]], List[List[float]], List[Dict[str, float]]]:
     """Run the stacked clients' local updates, phase by phase. ``form``: any client's form (its losses and modules
     are used with each client's tensors substituted); ``states``: each client's ``form_tensors`` after receiving the
-    round's message; ``plans``: per client, one ``ClientPlan`` per phase; ``data``: each client's ``TensorData``.
+    round's message; ``plans``: per client, one ``ClientPlan`` per phase; ``data``: each client's ``TensorData``;
+    ``inputs``: per client, per phase, its ``StepInputs`` (``BatchedPhase.inputs``) or None.
     Returns each client's tensors after training, its mean training loss per phase (as ``run_sgd`` computes it) and
     the sums of its ``aux`` phases' values.
 
@@ -515,6 +546,7 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
     states = [states[i] for i in order]
     plans = [plans[i] for i in order]
     data = [data[i] for i in order]
+    inputs = [inputs[i] for i in order] if inputs is not None else [[None] * len(form.phases) for _ in range(k)]
     names = list(states[0])
     T = {n: torch.stack([s[n] for s in states]) for n in names}
     device = next(iter(T.values())).device
@@ -533,8 +565,10 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
         grads = _Grads(holder, phase.loss, trains, consts, phase.aux)
         loss_sum = torch.zeros(k, device=device)
         phase_plans = [p[ph] for p in plans]
+        phase_inputs = [p[ph] for p in inputs]
         _run_phase(grads, [T[n] for n in trains], [T[n] for n in consts], opt, loss_sum, phase_plans, data, k,
-                   device, aux_sums if phase.aux else None)
+                   device, aux_sums if phase.aux else None,
+                   phase_inputs if any(st is not None for st in phase_inputs) else None)
         steps = [p.steps for p in phase_plans]
         for i, total in enumerate(loss_sum.double().tolist()):
             losses[i].append(total / steps[i] if steps[i] else 0.0)
@@ -547,10 +581,23 @@ def train_stacked(form: BatchedForm, train_cfg: Any, states: List[Dict[str, torc
 
 def _run_phase(grads: _Grads, P: List[torch.Tensor], C: List[torch.Tensor], opt: StackedOptimizer,
                loss_sum: torch.Tensor, plans: List[ClientPlan], data, k: int, device,
-               aux_sums: Optional[Dict[str, torch.Tensor]] = None) -> None:
+               aux_sums: Optional[Dict[str, torch.Tensor]] = None,
+               inputs: Optional[List[Optional[StepInputs]]] = None) -> None:
     solo_ok = device.type == "cpu"
+    # where each client's epochs start in its step order (the index of its per-step inputs)
+    starts = [[sum(len(p.full[j]) + (p.last[j] is not None) for j in range(e)) for e in range(len(p.full))]
+              for p in plans] if inputs is not None else None
 
-    def step(rows: Any, count: int, xs: torch.Tensor, ys: torch.Tensor) -> None:
+    def extra(i: int, e: int, first: int, count: int) -> Tuple[torch.Tensor, ...]:
+        """Client ``i``'s inputs of steps ``first .. first + count - 1`` of epoch ``e``, each [count, ...]."""
+        st = inputs[i]
+        if st is None or not count:
+            return ()
+        at = starts[i][e] + first
+        got = st.source.batch(st.index[at:at + count].reshape(-1))
+        return tuple(t.view(count, -1, *t.shape[1:]) for t in got)
+
+    def step(rows: Any, count: int, xs: torch.Tensor, ys: torch.Tensor, es: Any = ()) -> None:
         """One step of ``count`` clients: ``rows`` None (all), a slice of the stack, or an index tensor."""
         grad_fn = grads.solo if (solo_ok and count <= SOLO_CLIENTS) or isinstance(xs, list) else grads.vmapped
         gathered = isinstance(rows, torch.Tensor)
@@ -559,7 +606,7 @@ def _run_phase(grads: _Grads, P: List[torch.Tensor], C: List[torch.Tensor], opt:
         else:
             p = [t[rows] for t in P]
             c = [t[rows] for t in C]
-        g, loss = grad_fn(p, c, xs, ys)  # BatchNorm statistics update c in place (views: the stack itself)
+        g, loss = grad_fn(p, c, xs, ys, es)  # BatchNorm statistics update c in place (views: the stack itself)
         if gathered:
             for t, sub in zip(C, c):
                 t.index_copy_(0, rows, sub)
@@ -587,33 +634,37 @@ def _run_phase(grads: _Grads, P: List[torch.Tensor], C: List[torch.Tensor], opt:
         width = max(counts, default=0)
         if width:
             present = [i for i in range(k) if counts[i]]
-            xs_all, ys_all = [], []
+            xs_all, ys_all, es_all = [], [], []
             for i in present:
                 x, y = data[i].batch(torch.cat(plans[i].full[e]))
                 x = x.view(counts[i], -1, *x.shape[1:])
                 y = y.view(counts[i], -1, *y.shape[1:])
+                ex = extra(i, e, 0, counts[i]) if inputs is not None else ()
                 if counts[i] < width:  # idle slots: never computed (the step runs on the active rows only)
                     x = torch.cat([x, x[:1].expand(width - counts[i], *x.shape[1:])])
                     y = torch.cat([y, y[:1].expand(width - counts[i], *y.shape[1:])])
+                    ex = tuple(torch.cat([t, t[:1].expand(width - counts[i], *t.shape[1:])]) for t in ex)
                 xs_all.append(x)
                 ys_all.append(y)
+                es_all.append(ex)
             X = torch.stack(xs_all, dim=1)  # [width, clients with batches, batch, ...]: X[t][:m] is contiguous
             Y = torch.stack(ys_all, dim=1)
-            del xs_all, ys_all
+            E = tuple(torch.stack(parts, dim=1) for parts in zip(*es_all))  # the per-step inputs, laid out as X
+            del xs_all, ys_all, es_all
             prefix = all(counts[i] >= counts[i + 1] for i in range(k - 1))
             for t in range(width):
                 if prefix:
                     m = sum(1 for c in counts if c > t)
-                    step(None if m == k else slice(0, m), m, X[t][:m], Y[t][:m])
+                    step(None if m == k else slice(0, m), m, X[t][:m], Y[t][:m], tuple(t_[t][:m] for t_ in E))
                 else:
                     active = [j for j, i in enumerate(present) if counts[i] > t]
                     if len(active) == k:
-                        step(None, k, X[t], Y[t])
+                        step(None, k, X[t], Y[t], tuple(t_[t] for t_ in E))
                     else:
                         sel = torch.tensor(active, device=X.device)
                         rows = torch.tensor([present[j] for j in active], device=device)
-                        step(rows, len(active), X[t][sel], Y[t][sel])
-            del X, Y
+                        step(rows, len(active), X[t][sel], Y[t][sel], tuple(t_[t][sel] for t_ in E))
+            del X, Y, E
         # last (smaller) batches: one step per distinct size
         sizes: Dict[int, List[int]] = {}
         for i, p in enumerate(plans):
@@ -628,11 +679,17 @@ def _run_phase(grads: _Grads, P: List[torch.Tensor], C: List[torch.Tensor], opt:
             batches = [data[i].batch(plans[i].last[e]) for i in members]
             xs = torch.stack([b[0] for b in batches])
             ys = torch.stack([b[1] for b in batches])
-            step(_rows(members, k, device), len(members), xs, ys)
+            es: Any = ()
+            if inputs is not None:
+                es = tuple(torch.cat(parts) for parts in zip(*[extra(i, e, len(plans[i].full[e]), 1)
+                                                               for i in members]))
+            step(_rows(members, k, device), len(members), xs, ys, es)
         if alone:
             alone.sort()
             batches = [data[i].batch(plans[i].last[e]) for i in alone]
-            step(_rows(alone, k, device), len(alone), [b[0] for b in batches], [b[1] for b in batches])
+            es = [tuple(t[0] for t in extra(i, e, len(plans[i].full[e]), 1)) for i in alone] \
+                if inputs is not None else ()
+            step(_rows(alone, k, device), len(alone), [b[0] for b in batches], [b[1] for b in batches], es)
 
 
 def _rows(members: List[int], k: int, device) -> Any:
@@ -653,6 +710,18 @@ def _seed_host(seed: int) -> None:
 
 
 # -- the backend's side ---------------------------------------------------------------------------------------------
+def _fit_message(message: Any) -> bool:
+    return message.kind == "fit" and isinstance(message.payload, dict)
+
+
+def _inputs_key(inputs: Optional[StepInputs]) -> Any:
+    """What stacked clients' per-step inputs must share: the indices per step and the tensors' shapes and dtypes."""
+    if inputs is None:
+        return None
+    sample = inputs.source.batch(inputs.index[:1].reshape(-1))
+    return (tuple(inputs.index.shape[1:]), tuple((tuple(t.shape[1:]), t.dtype) for t in sample))
+
+
 @dataclass
 class BatchedRunner:
     """Runs a round's ``fit`` calls batched inside a serial backend (each rank's, in a distributed run)."""
@@ -666,9 +735,10 @@ class BatchedRunner:
     _bound_known: bool = field(default=False, repr=False)
 
     def takes(self, calls: Dict[int, Any]) -> bool:
-        """Whether these calls run batched: two or more, every one a ``fit``."""
-        return self.plan.batched and len(calls) > 1 and all(
-            c.message.kind == "fit" and isinstance(c.message.payload, dict) for c in calls.values())
+        """Whether these calls run batched: two or more, every one a message the trainer's batched form runs (a
+        ``fit``, unless the trainer's ``batched_message`` says otherwise)."""
+        accepts = self.plan.accepts or _fit_message
+        return self.plan.batched and len(calls) > 1 and all(accepts(c.message) for c in calls.values())
 
     def bound(self, trainer: LocalSGDTrainer, form: BatchedForm) -> Optional[int]:
         if not self._bound_known:
@@ -708,10 +778,13 @@ class BatchedRunner:
                 form = trainer.batched_form()
                 state = {n: t.detach().clone() for n, t in form_tensors(form).items()}
                 plans = [client_plan(trainer, ph.epochs, ph.batch_size, ph.drop_last) for ph in form.phases]
+                # per-step inputs beyond the batch, drawn on the client's own trainer, phase after phase
+                inputs = [None if ph.inputs is None else ph.inputs(p.steps) for ph, p in zip(form.phases, plans)]
                 # clients stack only with clients whose phases are alike
                 shape = tuple((tuple(ph.trains), ph.epochs, ph.batch_size, ph.lr, ph.drop_last, ph.aux,
-                               tuple(sorted((ph.lrs or {}).items()))) for ph in form.phases)
-                prepared[cid] = (state, plans, trainer.ctx, shape, form)
+                               tuple(sorted((ph.lrs or {}).items())), _inputs_key(st))
+                              for ph, st in zip(form.phases, inputs))
+                prepared[cid] = (state, plans, trainer.ctx, shape, form, inputs)
             except (KeyboardInterrupt, ClientTimedOut):
                 raise
             except Exception as exc:
@@ -729,7 +802,7 @@ class BatchedRunner:
             return
         bound = self.bound(trainer, form)
         shapes: Dict[tuple, Dict[int, int]] = {}
-        for cid, (_, plans, _, shape, _) in prepared.items():
+        for cid, (_, plans, _, shape, _, _) in prepared.items():
             shapes.setdefault(shape, {})[cid] = sum(p.steps for p in plans)
         for steps in shapes.values():
             for group in group_by_steps(steps, bound):
@@ -746,8 +819,9 @@ class BatchedRunner:
                           lambda: backend._hung_message(group[0], calls[group[0]].round)):
                 form, train_cfg = prepared[group[0]][4], prepared[group[0]][2].train_cfg  # any client's form
                 states, losses, aux = train_stacked(form, train_cfg, [prepared[c][0] for c in group],
-                                               [prepared[c][1] for c in group],
-                                               [prepared[c][2].train for c in group])
+                                                    [prepared[c][1] for c in group],
+                                                    [prepared[c][2].train for c in group],
+                                                    [prepared[c][5] for c in group])
         except (KeyboardInterrupt, PflError):
             raise
         except (Exception, ClientTimedOut) as exc:  # find the client: run the group again one client at a time

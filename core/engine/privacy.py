@@ -209,14 +209,73 @@ class _ClientRows:
             distinct = torch.unique(torch.cat([torch.unique(_widen(source)) for source in self.sources]))
             if len(distinct) <= MAX_VALUE_SET:
                 self.values = distinct
+        self.screens = _screens(self.values) if self.values is not None else {}
 
     def may_hold_a_row(self, t: torch.Tensor) -> bool:
         """False only when ``t`` holds fewer values from the client's rows than a row has (a sound shortcut)."""
         if self.values is None:
             return True
-        flat = _widen(t.reshape(-1))
+        return self._row_values(_widen(t.reshape(-1))) >= self.row_len
+
+    def none_may_hold_a_row(self, parts: List[torch.Tensor]) -> bool:
+        """True when ``parts`` together hold fewer values from the client's rows than a row has: then none of them
+        can hold a row (each one's count is at most the total), and one count replaces a count per tensor."""
+        if self.values is None or not parts:
+            return False
+        flats = [p.reshape(-1) for p in parts]
+        if self._screened(flats) < self.row_len:  # an upper bound of the count, cheaper than the count
+            return True
+        if all(f.dtype == flats[0].dtype for f in flats):  # one copy to float64, the values as _widen gives them
+            joined = _widen(torch.cat(flats))
+        else:
+            joined = torch.cat([_widen(f) for f in flats])
+        return self._row_values(joined) < self.row_len
+
+    def _screened(self, flats: List[torch.Tensor]) -> int:
+        """An upper bound of how many of ``flats``' values are values of the client's rows: float32 and float64
+        values are looked up by the low bits of their bit patterns (a value equal to a row value has its bit
+        pattern, -0.0 folded into 0.0, so it is always counted; others collide now and then); values of other
+        dtypes are counted exactly."""
+        total = 0
+        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+        for f in flats:
+            by_dtype.setdefault(f.dtype, []).append(f)
+        for dtype, group in by_dtype.items():
+            joined = torch.cat(group) if len(group) > 1 else group[0]
+            screen = self.screens.get(dtype)
+            if screen is None:
+                total += self._row_values(_widen(joined))
+                continue
+            table, mask, itype = screen
+            bits = (joined + 0.0).view(itype).bitwise_and_(mask)
+            total += int(table.index_select(0, bits).sum())
+        return total
+
+    def _row_values(self, flat: torch.Tensor) -> int:
+        """How many of the float64 values ``flat`` are values of the client's rows."""
         at = torch.searchsorted(self.values, flat).clamp_(max=len(self.values) - 1)
-        return int((self.values.index_select(0, at) == flat).sum()) >= self.row_len
+        return int((self.values.index_select(0, at) == flat).sum())
+
+
+def _screens(values: torch.Tensor) -> Dict[torch.dtype, Tuple[torch.Tensor, int, torch.dtype]]:
+    """For float32 and float64: a table over the low bits of bit patterns marking those of the row values that the
+    dtype holds exactly (``_ClientRows._screened``), its mask and the integer dtype of the patterns. 2^10 to 2^16
+    one-byte entries, about 64 per value, so that few other values collide."""
+    width = min(16, max(10, (len(values) - 1).bit_length() + 6))
+    mask = (1 << width) - 1
+    out = {}
+    for dtype, itype in ((torch.float32, torch.int32), (torch.float64, torch.int64)):
+        held = values.to(dtype)
+        held = held[held.to(torch.float64) == values]  # a value the dtype cannot hold equals none of its values
+        table = torch.zeros(1 << width, dtype=torch.uint8)
+        table[held.view(itype).bitwise_and(mask).long()] = 1
+        out[dtype] = (table, mask, itype)
+    return out
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, a complex tensor as its real view (real and imaginary parts along a last dimension)."""
+    return torch.view_as_real(t.detach()) if t.is_complex() else t.detach()
 
 
 def _widen(t: torch.Tensor) -> torch.Tensor:
@@ -323,13 +382,19 @@ class PrivacyGuard:
         client = self._clients.get(cid)
         if client is None:
             return None
-        for kind, item in _sequences(reply):
-            reason = self._tensor_leak(client, item) if kind == "tensor" else self._values_leak(client, item)
+        items = list(_sequences(reply))
+        # trained weights rarely hold a row's values at all: one count over the whole reply settles that for every
+        # tensor at once (the per-tensor count, then the row scans, run only when the reply holds enough of them)
+        clear = client.check_rows and client.none_may_hold_a_row(
+            [_real(item) for _, item in items if item.numel()])
+        for kind, item in items:
+            reason = self._tensor_leak(client, item, clear) if kind == "tensor" else \
+                self._values_leak(client, item, clear)
             if reason:
                 return f"reply contains {reason} (privacy boundary)"
         return None
 
-    def _tensor_leak(self, client: _ClientRows, t: torch.Tensor) -> Optional[str]:
+    def _tensor_leak(self, client: _ClientRows, t: torch.Tensor, clear: bool = False) -> Optional[str]:
         try:
             storage = t.untyped_storage()
             start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
@@ -339,9 +404,9 @@ class PrivacyGuard:
             pass
         if t.numel() == 0:
             return None
-        t = torch.view_as_real(t.detach()) if t.is_complex() else t.detach()  # real parts along dim -2
+        t = _real(t)  # real parts along dim -2
         flat = t.reshape(-1)
-        if not client.check_rows or not client.may_hold_a_row(t):
+        if not client.check_rows or clear or not client.may_hold_a_row(t):
             return self._labels_leak(client, flat)
         reason = self._labels_leak(client, flat) or self._rows_leak(client, flat)
         if reason:
@@ -360,10 +425,10 @@ class PrivacyGuard:
                 return "a label vector of the client's raw data"
         return None
 
-    def _values_leak(self, client: _ClientRows, flat: torch.Tensor) -> Optional[str]:
+    def _values_leak(self, client: _ClientRows, flat: torch.Tensor, clear: bool = False) -> Optional[str]:
         """``flat``: a 1-D tensor of any real dtype, read in order."""
         reason = self._labels_leak(client, flat)
-        if reason or not client.check_rows or not client.may_hold_a_row(flat):
+        if reason or not client.check_rows or clear or not client.may_hold_a_row(flat):
             return reason
         return self._rows_leak(client, flat)
 

@@ -31,14 +31,16 @@ each set-up message carries it.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+import dataclasses
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
-from pflkit.core import (ClientTrainer, ConfigError, LocalSGDTrainer, Message, Param, PflError, derive_seed,
-                         make_optimizer, non_negative, positive, run_sgd, state_declared)
+from pflkit.core import (BatchedForm, ClientTrainer, ConfigError, LocalSGDTrainer, Message, Param, PflError,
+                         StepInputs, TensorData, derive_seed, make_optimizer, non_negative, positive, run_sgd,
+                         state_declared)
 
 from .equations import overlap_indices, sample_unshared
 from .flow import ManifoldFlow, flow_data, split_flow_data
@@ -109,10 +111,25 @@ class PcflClientMixin:
         self._flow: Optional[ManifoldFlow] = None      # working modules, rebuilt from messages (never state)
         self._flow_arch: Optional[Dict[str, Any]] = None
         self._scratch: Optional[nn.Module] = None
+        self._batched_defer = False                    # clients.batched: the pcfl_fit being prepared defers
+        self._batched_step: Optional[_SyntheticStep] = None  # inside a batched step's loss
+        self._batched_calls: Dict[tuple, List[int]] = {}     # per form: the personal model's data losses per step
 
     # -- Eq. 14's beta term, through the core's objective hook --------------------------------------------
     def data_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = super().data_loss(model, x, y)
+        step = self._batched_step
+        if step is not None:  # clients.batched: this step's synthetic batch arrives as an input of the loss
+            if model is step.personal:
+                at = step.calls
+                step.calls += 1
+                if step.extra:
+                    sx, sy = step.extra
+                    if step.per_step > 1:  # the at-th draw of this step
+                        m = sx.shape[0] // step.per_step
+                        sx, sy = sx[at * m:(at + 1) * m], sy[at * m:(at + 1) * m]
+                    loss = loss + float(self.ctx.hp.beta) * super().data_loss(model, sx, sy)
+            return loss
         if self._augment and model is self.personal_forward():
             self._personal_steps += 1
             beta = float(self.ctx.hp.beta)
@@ -125,6 +142,100 @@ class PcflClientMixin:
 
     def _personal(self) -> nn.Module:
         return self.personal_forward()
+
+    # -- clients.batched: the base's batched form with the beta term ---------------------------------------
+    # The sequential loss draws the synthetic mini-batch of each call on the personal model from the client's own
+    # generator (seeded from its call seed, independent of the batch order): the batched form draws the same
+    # sequence before the stacked steps and passes step s's batch to the loss as an input (BatchedPhase.inputs).
+    # The alpha term (pcfl_alpha) and Eq. 11 (pcfl_apply) are other messages, one client at a time.
+    batched_wraps = True
+
+    @classmethod
+    def batched_message(cls, message: Message) -> bool:
+        payload = message.payload
+        return (message.kind == "pcfl_fit" and isinstance(payload, dict) and isinstance(payload.get("kind"), str)
+                and super().batched_message(Message(payload["kind"], payload.get("payload") or {})))
+
+    def batched_begin(self, payload: Dict[str, Any]) -> None:
+        """What ``on_pcfl_fit`` does before the base's local update."""
+        self._syn_gen = torch.Generator().manual_seed(derive_seed(self.ctx.generator.initial_seed(), "pcfl-syn"))
+        self._batched_defer = bool(payload.get("defer"))
+        super().batched_begin(payload.get("payload") or {})
+
+    def batched_form(self) -> Optional[BatchedForm]:
+        form = super().batched_form()
+        if form is None or any(ph.inputs is not None for ph in form.phases):
+            return None  # a base whose losses take inputs of their own: not composed (none of the bases today)
+        personal = self.personal_forward()
+        calls = self._personal_calls(form, personal)
+        beta, n = float(self.ctx.hp.beta), len(self.syn_y)
+        m = min(int(self.ctx.train_cfg.batch_size), n)
+        synthetic = TensorData(self.syn_x, self.syn_y)
+        gen, defer = self._syn_gen, self._batched_defer
+        steps = [0]  # the personal model's data losses in this fit (the sequential path's _personal_steps)
+
+        def phase_of(phase, per_step: int):
+            def loss(x, y, *extra):
+                self._batched_step = _SyntheticStep(personal, per_step, extra)
+                try:
+                    return phase.loss(x, y)
+                finally:
+                    self._batched_step = None
+
+            def inputs(count: int) -> Optional[StepInputs]:
+                steps[0] += per_step * count
+                if not (per_step and beta > 0 and n and gen is not None):
+                    return None  # no synthetic term, no draw (as sequentially)
+                draws = [torch.randperm(n, generator=gen)[:m] for _ in range(per_step * count)]
+                index = torch.stack(draws).view(count, per_step * m) if draws else \
+                    torch.zeros(0, per_step * m, dtype=torch.long)
+                return StepInputs(synthetic, index.to(self.syn_y.device))
+
+            return dataclasses.replace(phase, loss=loss, inputs=inputs)
+
+        base_reply = form.reply
+
+        def reply(losses, start, aux):
+            out = base_reply(losses, start, aux)
+            if beta > 0 and n and steps[0] == 0:
+                raise ConfigError(f"trainer.base: {type(self).__mro__[2].__name__} trained its personal model "
+                                  f"without LocalSGDTrainer.data_loss, so PCFL cannot add Eq. 14's beta term to it")
+            if not defer:
+                return out
+            self._pending = {k: v for k, v in out.items() if k != "params"}
+            self._pending["_upload"] = "params" in out
+            return {"personal": _state_copy(self._personal()), "steps": steps[0]}
+
+        return dataclasses.replace(form, phases=[phase_of(ph, c) for ph, c in zip(form.phases, calls)],
+                                   reply=reply)
+
+    def _personal_calls(self, form: BatchedForm, personal: nn.Module) -> List[int]:
+        """Per phase of the base's form, how many times one step's loss takes the personal model's data loss (each
+        such call draws a synthetic batch): counted once on two samples, the modules' tensors and the random
+        generators' states restored after."""
+        key = tuple(tuple(ph.trains) for ph in form.phases)
+        if key in self._batched_calls:
+            return self._batched_calls[key]
+        data = self.ctx.train
+        if len(data) == 0:
+            return [0] * len(form.phases)
+        modules = list(form.modules.values()) + [personal]
+        saved = [(t, t.detach().clone()) for mod in modules for t in list(mod.parameters()) + list(mod.buffers())]
+        x, y = data.batch(torch.arange(min(2, len(data)), device=data.y.device))
+        counts = []
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                for ph in form.phases:
+                    self._batched_step = _SyntheticStep(personal, 1, ())
+                    ph.loss(x, y)
+                    counts.append(self._batched_step.calls)
+        finally:
+            self._batched_step = None
+            with torch.no_grad():
+                for t, value in saved:
+                    t.copy_(value)
+        self._batched_calls[key] = counts
+        return counts
 
     # -- rounds --------------------------------------------------------------------------------------------
     def on_pcfl_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
@@ -438,6 +549,16 @@ class PcflClientMixin:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         super().load_state_dict(state["base"])
         self._load_pcfl_state(state["pcfl"])
+
+
+class _SyntheticStep:
+    """Inside one batched step's loss: the personal model, its data losses per step, the step's synthetic batch
+    (``(x, y)`` holding ``per_step`` draws; empty: no beta term) and the calls so far."""
+
+    __slots__ = ("personal", "per_step", "extra", "calls")
+
+    def __init__(self, personal: nn.Module, per_step: int, extra: Sequence[torch.Tensor]) -> None:
+        self.personal, self.per_step, self.extra, self.calls = personal, per_step, tuple(extra), 0
 
 
 class PcflTrainer(ClientTrainer):
