@@ -160,6 +160,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     home: Dict[str, str] = {}  # setting -> the folder of its comparison: the table's first column of that setting,
     for column in table.columns:  # whichever columns are selected, so a narrower --cols reuses the runs
         home.setdefault(json.dumps(table.layer(column, quick), sort_keys=True, default=str), column.id)
+    echo(f"{tag}{estimate_table(table, chosen_cols, specs, seeds, quick, out_dir, home, jobs, echo)}")
     for column in chosen_cols:
         layer = table.layer(column, quick)
         key = json.dumps(layer, sort_keys=True, default=str)
@@ -195,6 +196,24 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     report["incomplete"] = incomplete
     report["files"] = {"markdown": str(out_dir / "results.md"), "csv": str(out_dir / "results.csv")}
     return report
+
+
+def estimate_table(table: Table, cols: Sequence[Column], specs: Sequence[str], seeds: Sequence[int], quick: bool,
+                   out_dir: Path, home: Mapping[str, str], jobs: int, echo: Callable[[str], None]) -> str:
+    """The one line said before any cell runs: cells, runs, and the run time left with ``jobs``, measured from the
+    first rounds of one run per row and setting (``estimate.py``: the measured runs continue, nothing is lost)."""
+    from .estimate import estimate_comparisons, estimate_line
+
+    tag = f"[{QUICK_LABEL}] " if quick else ""
+    settings: Dict[str, Any] = {}
+    for column in cols:
+        layer = table.layer(column, quick)
+        settings.setdefault(json.dumps(layer, sort_keys=True, default=str), layer)
+    folders = [(out_dir / home[key], layer) for key, layer in settings.items()]
+    est = estimate_comparisons(folders, specs, seeds, jobs, echo=lambda line: echo(f"{tag}{line}"))
+    what = (f"{table.name}{' at quick scale' if quick else ''}, {len(specs) * len(cols)} cells ({len(specs)} rows x "
+            f"{len(cols)} columns, {len(folders)} setting(s)) x {len(seeds)} seed(s)")
+    return estimate_line(est, what, jobs)
 
 
 def _fmt(value: Optional[float], digits: int = 2) -> str:
