@@ -9,8 +9,6 @@ the rows ranked both ways (Kendall's tau between the two orders, and whether the
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from pathlib import Path
@@ -189,7 +187,8 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
                 mean = scale_factor * raw
                 std = scale_factor * math.sqrt(sum((v - raw) ** 2 for v in values) / len(values))
             results[row.id, column.id] = {"mean": mean, "std": std, "runs": len(values)}
-    report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick)
+    runs = [Path(r["run_dir"]) for c in done.values() for e in c["results"].values() for r in e["runs"]]
+    report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick, runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.md").write_text(report["markdown"])
     (out_dir / "results.csv").write_text(report["csv"])
@@ -220,7 +219,8 @@ def _fmt(value: Optional[float], digits: int = 2) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool) -> Dict[str, Any]:
+def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool,
+            runs: Sequence[Path] = ()) -> Dict[str, Any]:
     tag = f"[{QUICK_LABEL}] " if quick else ""
     scale = QUICK_LABEL if quick else "paper"
     csv_rows = []
@@ -238,10 +238,12 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool) ->
                              "paper_std": _fmt(paper.std), "paper_note": paper.why_missing,
                              "pflkit_mean": _fmt(ours["mean"]), "pflkit_std": _fmt(ours["std"]),
                              "runs": ours["runs"], "difference": _fmt(diff), "within_paper_spread": within})
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(csv_rows[0]) if csv_rows else ["scale"], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(csv_rows)
+    from .published import provenance_of_runs, results_csv
+
+    notes = (f"{QUICK_LABEL}: fewer rounds and a fraction of the data, not comparable with the paper's numbers; "
+             if quick else "") + f"{table.title()}; pflkit's std: population std over seeds"
+    csv_text = results_csv(list(csv_rows[0]) if csv_rows else ["scale"], csv_rows,
+                           provenance_of_runs(runs, seeds, notes))
     md = [f"# {tag}{table.title()}", ""]
     if quick:
         md += [f"{tag}These numbers are at quick scale (fewer rounds, a fraction of the data): they are not the "
@@ -270,7 +272,7 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool) ->
         md += [f"- {tag}{c['setting']} = {c['value']}: {c['why']}" for c in table.chosen]
         md.append("")
     md += [f"{tag}Rows' hyperparameters:", ""] + [f"- {tag}{r.label} (`{r.spec()}`): {r.source}" for r in rows]
-    return {"markdown": "\n".join(md) + "\n", "csv": buf.getvalue(), "cells": csv_rows}
+    return {"markdown": "\n".join(md) + "\n", "csv": csv_text, "cells": csv_rows}
 
 
 def _ranking(table: Table, rows, column: Column, results) -> str:
