@@ -37,8 +37,8 @@ def results_command(documents: Tuple[str, ...], root: str, check: bool) -> None:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path} cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
-        new, changed = render_document(text, base, where=str(path))
-        tables += new.count("<!-- results: ")
+        new, changed, shown = render_document(text, base, where=str(path))
+        tables += len(shown)
         stale += [f"{path}: the table of {rel} differs from its CSV" for rel in changed]
         unmarked += [f"{path}, line {n}: a mean ± std table outside <!-- results: ... -->" for n in
                      unmarked_result_tables(new)]

@@ -177,16 +177,24 @@ def _parse_spec(spec: str) -> Tuple[str, List[str]]:
     return path, [c for c in cols if c]
 
 
-def render_document(text: str, root: Path, where: str = "document") -> Tuple[str, List[str]]:
+def render_document(text: str, root: Path, where: str = "document") -> Tuple[str, List[str], List[str]]:
     """``text`` with every marked table re-made from its CSV (paths relative to ``root``, the repository root);
-    and the CSV paths of the tables that changed."""
+    the CSV paths of the tables that changed; and of every marked table. Markers inside a fenced code block are
+    examples, left alone."""
     lines = text.split("\n")
     out: List[str] = []
     changed: List[str] = []
-    i = 0
+    shown: List[str] = []
+    i, fence = 0, False
     while i < len(lines):
-        match = _OPEN.match(lines[i])
+        if lines[i].startswith("```"):
+            fence = not fence
+        match = None if fence else _OPEN.match(lines[i])  # a marker shown in a code block is an example
         if not match:
+            if fence:
+                out.append(lines[i])
+                i += 1
+                continue
             if lines[i].strip() == _CLOSE:
                 raise ConfigError(f"{where}, line {i + 1}: {_CLOSE} without an opening <!-- results: FILE -->")
             out.append(lines[i])
@@ -203,12 +211,13 @@ def render_document(text: str, root: Path, where: str = "document") -> Tuple[str
             table = render_table(path, columns)
         except ConfigError as exc:
             raise ConfigError(f"{where}, line {i + 1}: {exc}") from None
+        shown.append(rel)
         old = "\n".join(lines[i + 1:end])
         if old != table:
             changed.append(rel)
         out += [lines[i], table, lines[end]]
         i = end + 1
-    return "\n".join(out), changed
+    return "\n".join(out), changed, shown
 
 
 def published_documents(root: Path) -> List[Path]:
