@@ -79,11 +79,14 @@ def measure_run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     from .compare import _reason
 
     started = time.perf_counter()
+    wanted = measured_rounds(int(cfg.rounds))
     try:
         with _one_torch_thread():  # the comparison's runs use one torch thread: so does their measurement
-            Simulation(cfg, run_dir=run_dir, progress=False).run(stop_after=measured_rounds(int(cfg.rounds)))
+            summary = Simulation(cfg, run_dir=run_dir, progress=False).run(stop_after=wanted)
     except Exception as exc:  # a plugin's bug or a bad setting: the comparison runs it again and reports it
         return {"failed": _reason(exc)}
+    if summary.get("rounds_completed", 0) < wanted:  # Ctrl-C paused it earlier (checkpointed): stop here too
+        raise KeyboardInterrupt
     timing = timing_from_records(read_records(Path(run_dir) / "metrics.jsonl"), time.perf_counter() - started)
     return {"failed": "no round logged"} if timing is None else asdict(timing)
 
