@@ -353,6 +353,14 @@ def test_estimate_before_any_run_and_the_measured_runs_continue(tmp_path, tiny_f
     assert ours["final_uniform"] == plain["results"]["fedavg"]["runs"][0]["final_uniform"]
     assert ours["curve"] == plain["results"]["fedavg"]["runs"][0]["curve"]
 
+    # a finished run made in one go gives its whole wall time (set-up included) to the estimate; a resumed one not
+    from pflkit.core.results.estimate import _finished_wall
+
+    made = _finished_wall(runs / "fedavg-seed1")
+    logged = sum(r["round_seconds"] + r.get("eval_seconds", 0) for r in read_records(runs / "fedavg-seed1" /
+                                                                                       "metrics.jsonl"))
+    assert made is not None and made >= logged - 1.0  # run_info.json's start time has whole seconds
+    assert _finished_wall(runs / "fedavg-seed0") is None
     again = run("--table-file", str(path), "--seeds", "0,1,2", "--cols", "worst", "--out", str(out))
     assert again.exit_code == 0, again.output
     line = next(ln for ln in again.output.splitlines() if ln.startswith("estimate for "))

@@ -10,7 +10,9 @@ what came before it -- data, set-up, round 1's extra -- a fixed cost per run.
 
 A run that exists already is not measured again: a finished one costs nothing more; a paused one (``resume``)
 costs its remaining rounds at the rate this module recorded when it measured it (``OUT/timing.json``), else at the
-rate its ``metrics.jsonl`` logs.
+rate its ``metrics.jsonl`` logs; a finished run made in one go also gives the fixed cost (its wall-clock time from
+``run_info.json``'s start to ``summary.json``, less its logged rounds), so a table extended by more seeds counts
+each new run's set-up.
 """
 from __future__ import annotations
 
@@ -143,7 +145,8 @@ def estimate_comparisons(settings: Sequence[Tuple[Path, Mapping[str, Any]]], spe
                      None)
         for run_dir, _, state in runs:
             if timed is None and state in ("finished", "resume"):
-                timed = timing_from_records(read_records(run_dir / "metrics.jsonl"))
+                wall = _finished_wall(run_dir) if state == "finished" else None
+                timed = timing_from_records(read_records(run_dir / "metrics.jsonl"), wall)
         if timed is not None:
             known[folder, label] = timed
             continue
@@ -179,6 +182,25 @@ def estimate_comparisons(settings: Sequence[Tuple[Path, Mapping[str, Any]]], spe
             done = _logged_round(run_dir) if measured else 0
             est.add(timing.run_seconds(int(cfg.rounds), int(cfg.eval.every), done))
     return est
+
+
+def _finished_wall(run_dir: Path) -> Optional[float]:
+    """The wall-clock seconds of a finished run made in one go (set-up included): from its start in
+    ``run_info.json`` to its ``summary.json``, written as it ended. None for a resumed run (its pauses are not run
+    time) or without those records."""
+    from datetime import datetime
+
+    from ..storage.runinfo import read
+
+    entries = read(run_dir)
+    if len(entries) != 1 or entries[0].get("event") != "start" or (run_dir / "resumes.jsonl").exists():
+        return None
+    try:
+        start = datetime.fromisoformat(str(entries[0]["time"])).timestamp()
+        end = (run_dir / "summary.json").stat().st_mtime
+    except (KeyError, ValueError, OSError):
+        return None
+    return end - start if end >= start else None
 
 
 def _logged_round(run_dir: Path) -> int:
