@@ -195,6 +195,9 @@ def test_quick_reproduction_end_to_end(tmp_path, tiny_file):
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert {r["scale"] for r in rows} == {QUICK_LABEL}
+    # results as data: the provenance columns (published.PROVENANCE), the quick scale said in the notes too
+    assert {r["seeds"] for r in rows} == {"0 1"} and all(QUICK_LABEL in r["notes"] for r in rows)
+    assert "torch " in rows[0]["machine"] and rows[0]["command"]  # this process's command line (here pytest's)
     cell = {(r["row"], r["column"]): r for r in rows}
     fedavg = cell["fedavg", "mean"]
     assert fedavg["paper_mean"] == "50.00" and fedavg["paper_std"] == "100.00"
