@@ -83,11 +83,15 @@ def provenance_of_runs(run_dirs: Sequence[Path], seeds: Sequence[int], notes: st
     from ..storage.runinfo import read
 
     entries = [e for d in run_dirs for e in read(Path(d)) if isinstance(e, dict)]
-    commits = []
+    commits, unrecorded = [], 0
     for e in entries:
         git = e.get("git") if isinstance(e.get("git"), dict) else None
         if git and git.get("commit"):
             commits.append(str(git["commit"])[:10] + (" (uncommitted changes)" if git.get("dirty") else ""))
+        else:
+            unrecorded += 1
+    if commits and unrecorded:  # some runs name no commit: say so rather than let the others speak for them
+        commits.append(f"not recorded for {unrecorded} of {len(entries)} run starts")
     dates = sorted(str(e["time"])[:10] for e in entries if isinstance(e.get("time"), str))
     return {
         "command": command if command is not None else _this_command(),
