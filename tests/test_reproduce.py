@@ -222,6 +222,9 @@ def test_quick_reproduction_end_to_end(tmp_path, tiny_file):
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert {r["scale"] for r in rows} == {QUICK_LABEL}
+    # results as data: the provenance columns (published.PROVENANCE), the quick scale said in the notes too
+    assert {r["seeds"] for r in rows} == {"0 1"} and all(QUICK_LABEL in r["notes"] for r in rows)
+    assert "torch " in rows[0]["machine"] and rows[0]["command"]  # this process's command line (here pytest's)
     cell = {(r["row"], r["column"]): r for r in rows}
     fedavg = cell["fedavg", "mean"]
     assert fedavg["paper_mean"] == "50.00" and fedavg["paper_std"] == "100.00"
@@ -436,3 +439,79 @@ def test_a_rows_own_quick_overrides_its_options_at_quick_scale_only(tmp_path, ti
     bad = tmp_path / "badquick.toml"
     bad.write_text(text.replace("quick = { trainer = { mu = 0.5 } }", "quick = { trainer = { muu = 0.5 } }"))
     assert "muu" in one_line_error(run("--check", "--table-file", str(bad)))
+
+
+def test_timing_from_measured_rounds_and_the_estimate_line():
+    from pflkit.core.results.estimate import Estimate, Timing, estimate_line, measured_rounds, timing_from_records
+
+    records = [{"round": 1, "round_seconds": 1.0, "eval_seconds": 0.1},
+               {"round": 2, "round_seconds": 0.2, "eval_seconds": 0.1}]
+    timing = timing_from_records(records, wall=2.0)  # round 1's extra second is a one-off, round 2 the rate
+    assert timing.train == pytest.approx(0.2) and timing.eval == pytest.approx(0.1)
+    assert timing.fixed == pytest.approx(2.0 - 2 * 0.2 - 2 * 0.1)
+    assert timing.run_seconds(10, 1) == pytest.approx(1.4 + 10 * 0.2 + 10 * 0.1)
+    assert timing.run_seconds(10, 5, from_round=2) == pytest.approx(8 * 0.2 + 2 * 0.1)  # rounds 5, 10 evaluated
+    assert timing_from_records([]) is None and timing_from_records(records).fixed == 0.0
+    assert (measured_rounds(50), measured_rounds(2), measured_rounds(1)) == (2, 1, 1)
+    est = Estimate(runs=6, finished=1, measured=2)
+    for seconds in (600.0, 600.0, 600.0, 600.0, 1200.0):
+        est.add(seconds)
+    assert estimate_line(est, "x:table", 1) == ("estimate for x:table: 6 run(s), 1 finished earlier, 5 to run: "
+                                                "about 1 h 0 min with --jobs 1, measured now from 2 paused run(s) "
+                                                "that continue")
+    # four jobs: a quarter of the run time, but never less than the longest run
+    assert "about 20 min with --jobs 4 (1 h 0 min of run time in all)" in estimate_line(est, "x", 4)
+    assert "about 40 min with --jobs 1" in estimate_line(Estimate(runs=2, longest=2400.0, seconds=2400.0), "x", 1)
+    assert estimate_line(Estimate(runs=3, finished=3), "x", 2).endswith("0 to run: nothing to run")
+
+
+def test_estimate_before_any_run_and_the_measured_runs_continue(tmp_path, tiny_file):
+    """The estimate line comes before the first cell runs; its measured runs are paused (2 rounds of 5) and
+    resumed by the comparison, with the numbers of an uninterrupted run."""
+    import json
+
+    from pflkit.core.results.compare import run_comparison
+    from pflkit.core.results.tables import parse_table, read_table_file
+
+    path = tmp_path / "five.toml"
+    path.write_text(TINY_TABLE.replace("rounds = 20", "rounds = 5"))
+    out = tmp_path / "out"
+    result = run("--table-file", str(path), "--seeds", "0,1", "--cols", "mean,worst", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    first_run = next(i for i, ln in enumerate(lines) if ln.startswith("[1/4]"))
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("estimate for "))
+    assert at < first_run
+    assert lines[at].startswith("estimate for five, 4 cells (2 rows x 2 columns, 1 setting(s)) x 2 seed(s): 4 run(s), "
+                                "0 finished earlier, 4 to run: about ")
+    assert lines[at].endswith("with --jobs 1, measured now from 2 paused run(s) that continue")
+    assert "estimating the run time: 2 round(s) of 2 run(s), one per row and setting" in result.output
+    timing = json.loads((out / "mean" / "timing.json").read_text())["runs"]
+    assert sorted(timing) == ["fedavg-seed0", "fedprox+trainer.mu=0.1-seed0"]
+    runs = out / "mean" / "runs"
+    for name in timing:  # paused after round 2 by the measurement, resumed from there by the comparison
+        resumes = [json.loads(ln) for ln in (runs / name / "resumes.jsonl").read_text().splitlines()]
+        assert [r["from_round"] for r in resumes] == [2]
+    assert not (runs / "fedavg-seed1" / "resumes.jsonl").exists()
+    # the measured-then-resumed run gives the numbers of an uninterrupted one
+    name, source = read_table_file(str(path))
+    table = parse_table(name, source)
+    plain = run_comparison(["fedavg"], [0], [table.layer(table.columns[0])], tmp_path / "plain")
+    ours = json.loads((out / "mean" / "results.json").read_text())["results"]["fedavg"]["runs"][0]
+    assert ours["final_uniform"] == plain["results"]["fedavg"]["runs"][0]["final_uniform"]
+    assert ours["curve"] == plain["results"]["fedavg"]["runs"][0]["curve"]
+
+    # a finished run made in one go gives its whole wall time (set-up included) to the estimate; a resumed one not
+    from pflkit.core.results.estimate import _finished_wall
+
+    made = _finished_wall(runs / "fedavg-seed1")
+    logged = sum(r["round_seconds"] + r.get("eval_seconds", 0) for r in read_records(runs / "fedavg-seed1" /
+                                                                                       "metrics.jsonl"))
+    assert made is not None and made >= logged - 1.0  # run_info.json's start time has whole seconds
+    assert _finished_wall(runs / "fedavg-seed0") is None
+    again = run("--table-file", str(path), "--seeds", "0,1,2", "--cols", "worst", "--out", str(out))
+    assert again.exit_code == 0, again.output
+    line = next(ln for ln in again.output.splitlines() if ln.startswith("estimate for "))
+    assert "6 run(s), 4 finished earlier, 2 to run: about" in line  # seed 2 timed by the logged rounds
+    assert "from the rounds already logged" in line and "estimating the run time" not in again.output
+    assert again.output.count("reused, finished earlier") == 4

@@ -90,6 +90,29 @@ def test_each_kind_is_discovered_tested_and_runs(tmp_path, register_package, kin
     picked = config[section] if kind == "algorithm" else config[section]["name"]
     assert picked == name
     assert json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())["rounds_completed"] == 1
+    if kind == "algorithm":
+        _its_table_checks_and_runs(tmp_path, name, groups)
+
+
+def _its_table_checks_and_runs(tmp_path, name, groups):
+    """The algorithm skeleton ships its paper's table as data (pflkit.tables, package data): fl reproduce --check
+    passes over it, and a quick reproduction runs its own row."""
+    assert groups["pflkit.tables"] == f"{name}:table1 = pflkit_{name}.tables:table1.toml"
+    cfg = configparser.ConfigParser()
+    cfg.read(tmp_path / name / "setup.cfg")
+    assert cfg["options.package_data"][f"pflkit_{name}.tables"] == "*.toml"
+    assert f"pflkit_{name}.tables" in cfg["options"]["packages"].split()
+    check = fl("reproduce", "--check")
+    assert check.exit_code == 0, check.output
+    assert f"{name}:table1: ok (2 rows x 1 columns, 2 cells resolved)" in check.output
+    out = tmp_path / "reproduced"
+    res = fl("reproduce", f"{name}:table1", "--scale", "quick", "--seeds", "0", "--rows", name, "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert "estimate for " in res.output
+    import csv
+
+    (row,) = list(csv.DictReader((out / "results.csv").open()))
+    assert row["row"] == name and row["paper_note"].startswith("not in the paper yet") and float(row["pflkit_mean"]) > 0
 
 
 @pytest.mark.parametrize("args, fragment", [

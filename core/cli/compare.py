@@ -80,7 +80,8 @@ def _split_sets(sets: Tuple[str, ...]) -> Tuple[List[str], Dict[str, List[str]]]
               help="Override a config key for every algorithm (train.lr=0.01), or for one (fedprox:trainer.mu=0.1). "
                    "Repeatable.")
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Output folder: results.md, results.json, curves.png and runs/<label>-seed<k>/.")
+              help="Output folder: results.md, results.json, results.csv (the table as data, with the machine "
+                   "and commit that computed it), curves.png and runs/<label>-seed<k>/.")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1),
               help="Runs at a time, each in its own process. Every run uses one torch thread, also with --jobs 1, so "
                    "the numbers do not depend on --jobs.")
@@ -116,7 +117,8 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
     results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress and _is_terminal(),
                              algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line))
     click.echo(Path(results["files"]["markdown"]).read_text())
-    click.echo(f"table: {results['files']['markdown']}  (json: {results['files']['json']})\n"
+    click.echo(f"table: {results['files']['markdown']}  (json: {results['files']['json']}, csv: "
+               f"{results['files']['csv']})\n"
                f"curves: {results['files']['plot']}\n"
                f"watch in TensorBoard: tensorboard --logdir {Path(out_dir) / 'runs'}")
     missing = results["not_in_table"]

@@ -39,6 +39,9 @@ def _register_commands() -> None:
     from .reproduce import reproduce_command
 
     cli.add_command(reproduce_command)
+    from .results import results_command
+
+    cli.add_command(results_command)
 
 
 _register_commands()

@@ -54,7 +54,8 @@ def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table
     Every cell runs through fl compare (one comparison per column, finished runs reused). results.md and results.csv
     hold per cell the paper's number, pflkit's mean ± std over seeds, the difference and whether pflkit's mean lies
     within the paper's spread, and the rows ranked both ways. Missing data are named, with the fl data install
-    command or the files to place, before anything runs (exit 2).
+    command or the files to place, before anything runs (exit 2). Then one line estimates the run time (with
+    --jobs), from the first rounds of one run per row and setting: those runs pause with a checkpoint and continue.
     """
     from ..results.reproduce import list_lines, reproduce, scale_label
     from ..results.tables import check_table

@@ -27,13 +27,13 @@ version = 0.1.0
 description = {name}: a pflkit {kind} plugin
 
 [options]
-packages = {pkg}
+packages = {packages}
 python_requires = >=3.10
 install_requires =
     pflkit>=0.1
 
 [options.entry_points]
-{entry_points}"""
+{entry_points}{package_data}"""
 
 # the entry-point groups (core/api/registry.py) each kind registers NAME in, and the object behind it
 ENTRY_POINTS = {
@@ -90,13 +90,79 @@ ALGORITHM = Algorithm(
 )
 '''
 
-TEST = '''from pflkit.core.testing import quick_run
+TEST = '''from pflkit.core.results.tables import check_table, installed_table
+from pflkit.core.testing import quick_run
 
 
 def test_{name}_runs_end_to_end(tmp_path):
     result = quick_run("{name}", tmp_path)
     assert result["rounds_completed"] == 2
     assert 0.0 <= result["final"]["uniform"] <= 1.0
+
+
+def test_{name}_table_checks():
+    """The table file is valid: every cell resolves to a config (fl reproduce --check)."""
+    table = installed_table("{name}:table1")
+    assert check_table(table) == len(table.rows) * len(table.columns)
+'''
+
+TABLES_INIT = '''"""{name}'s paper tables as data (the pflkit.tables entry points in setup.cfg): fl reproduce {name}:table1"""
+'''
+
+# an example table file (core/results/tables.py has the schema): the algorithm against FedAvg on the embedded digits
+TABLE = '''# {name}'s paper table as data: a starting point. Put your paper's title, settings, methods and reported numbers
+# here (the schema: fl reproduce's docs, "Writing a table file"). Check it offline: fl reproduce --check
+# Run it:  fl reproduce {name}:table1 --scale quick   (then without --scale quick: the paper's setting)
+
+[paper]
+title = "{name}"
+venue = "your paper's venue"
+table = 1
+caption = "accuracy (%) on the embedded 8x8 digits, 20 clients, Dir(0.1)"
+
+[metric]                           # what the paper scores, and the pflkit key that computes it
+model = "personal"
+clients = "all"
+mean = "uniform"
+round = "last_k"
+k = 5
+fine_tuned = false
+pflkit = "final_uniform"
+
+[settings]                         # config overrides every cell shares
+rounds = 20
+dataset = {{ name = "digits" }}
+partition = {{ name = "dirichlet", num_clients = 20, alpha = 0.1 }}
+eval = {{ final_k = 5 }}
+
+[quick]                            # --scale quick: a smoke test, labelled as such in every output
+rounds = 2
+
+[[columns]]
+id = "digits"
+label = "Digits, Dir(0.1)"
+
+[[rows]]
+id = "fedavg"
+label = "FedAvg"
+plugin = "fedavg"
+source = "pflkit's defaults"
+
+[[rows]]
+id = "{name}"
+label = "{name}"
+plugin = "{name}"
+options = {{ trainer = {{ prox = 0.01 }} }}
+source = "the proximal weight of your paper"
+
+[numbers]                          # your paper's [mean, std] per cell, or a string saying why it has none
+fedavg = {{ digits = "not in the paper yet: write its [mean, std]" }}
+{name} = {{ digits = "not in the paper yet: write its [mean, std]" }}
+
+[[chosen]]                         # what you chose where the paper leaves a setting open, and why
+setting = "partition.seed"
+value = "the run seed"
+why = "the paper does not say whether its partition changes with the seed"
 '''
 
 README = """# {name}
@@ -107,6 +173,11 @@ A pflkit algorithm plugin.
     fl run --plugin {name}
     fl show {name}
     python -m pytest tests
+
+Its paper's table as data, {pkg}/tables/table1.toml (an entry point of pflkit.tables in setup.cfg):
+
+    fl reproduce --check
+    fl reproduce {name}:table1 --scale quick
 """
 
 DATASET_INIT = '''"""{name}: a pflkit dataset plugin.
@@ -295,7 +366,8 @@ A pflkit {kind} plugin.
 
 # per kind: (package __init__, test, the command that uses it, what the skeleton holds)
 KINDS = {
-    "algorithm": (INIT, TEST, "fl run --plugin {name}", "trainer, aggregator, algorithm, test"),
+    "algorithm": (INIT, TEST, "fl run --plugin {name}", "trainer, aggregator, algorithm, an example paper table, "
+                  "test"),
     "dataset": (DATASET_INIT, DATASET_TEST, "fl run --plugin fedavg --set dataset.name={name}",
                 "dataset loader with declared options, test"),
     "partitioner": (PARTITIONER_INIT, PARTITIONER_TEST, "fl run --plugin fedavg --set partition.name={name}",
@@ -399,9 +471,16 @@ def new_plugin_command(name: str, kind: str, parent: str) -> None:
     fields["run"] = run.format(**fields)
     fields["entry_points"] = "".join(f"{group} =\n    {name} = {target.format(**fields)}\n"
                                      for group, target in ENTRY_POINTS[kind].items())
-    files = {Path("pyproject.toml"): PYPROJECT, Path("setup.cfg"): SETUP_CFG.format(**fields),
-             Path(pkg) / "__init__.py": init.format(**fields),
-             Path("tests") / f"test_{name}.py": test.format(**fields),
-             Path("README.md"): (README if kind == "algorithm" else KIND_README).format(**fields)}
+    fields["packages"], fields["package_data"] = pkg, ""
+    files = {Path(pkg) / "__init__.py": init.format(**fields)}
+    if kind == "algorithm":  # its paper's table as data: fl reproduce NAME:table1
+        fields["packages"] = f"{pkg}\n    {pkg}.tables"
+        fields["entry_points"] += f"pflkit.tables =\n    {name}:table1 = {pkg}.tables:table1.toml\n"
+        fields["package_data"] = f"\n[options.package_data]\n{pkg}.tables = *.toml\n"
+        files[Path(pkg) / "tables" / "__init__.py"] = TABLES_INIT.format(**fields)
+        files[Path(pkg) / "tables" / "table1.toml"] = TABLE.format(**fields)
+    files.update({Path("pyproject.toml"): PYPROJECT, Path("setup.cfg"): SETUP_CFG.format(**fields),
+                  Path("tests") / f"test_{name}.py": test.format(**fields),
+                  Path("README.md"): (README if kind == "algorithm" else KIND_README).format(**fields)})
     _write_package(root, files)
     click.echo(f"created {kind} plugin package {root} ({holds})\nnext:\n  pip install -e {root}\n  {fields['run']}")

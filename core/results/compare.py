@@ -556,9 +556,11 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
         "interrupted": interrupted, "complete": not not_in_table, "not_in_table": not_in_table,
         "notes": notes, "results": per_algo,
     }
-    files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "plot": out_dir / "curves.png"}
+    files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
+             "plot": out_dir / "curves.png"}
     files["json"].write_text(json.dumps(results, indent=2))
     files["markdown"].write_text(results_markdown(results))
+    files["csv"].write_text(results_data(results))
     plot_curves(results, files["plot"])
     results["files"] = {k: str(v) for k, v in files.items()}
     return results
@@ -597,11 +599,33 @@ def _fmt(stat: Mapping[str, float], percent: bool) -> str:
     return f"{stat['mean']:.4f} ± {stat['std']:.4f}"
 
 
-def results_markdown(results: Mapping[str, Any]) -> str:
-    """The results table: one row per algorithm, mean ± std over seeds (percent for accuracy)."""
+def results_table(results: Mapping[str, Any]) -> Tuple[List[str], List[Dict[str, str]]]:
+    """The results table's columns and rows (one per algorithm, mean ± std over seeds, percent for accuracy): what
+    ``results.md`` shows and ``results.csv`` holds."""
     metric = results["metric"]
     percent = metric == "accuracy"
     unit = " (%)" if percent else ""
+    columns = ["algorithm", f"final {metric}, uniform{unit}", f"best {metric}, uniform{unit}",
+               f"final {metric}, weighted{unit}", "model", "runs", "upload per run (MiB)", "seconds per run",
+               "rejected"]
+    rows = []
+    for algo in results["algorithms"]:
+        e = results["results"][algo]
+        up = e["bytes_up_total"]
+        sec = e.get("seconds", {"n": 0})
+        planned = e.get("runs_planned", len(e["runs"]))
+        runs_text = str(len(e["runs"])) if len(e["runs"]) == planned else f"{len(e['runs'])} of {planned}"
+        rows.append(dict(zip(columns, [
+            algo, _fmt(e["final_uniform"], percent), _fmt(e["best_uniform"], percent),
+            _fmt(e["final_weighted"], percent), e.get("model", "n/a"), runs_text,
+            "n/a" if up["n"] == 0 else f"{up['mean'] / 2 ** 20:.2f}",
+            "n/a" if sec["n"] == 0 else f"{sec['mean']:.1f}", str(e.get("client_failures", 0))])))
+    return columns, rows
+
+
+def results_markdown(results: Mapping[str, Any]) -> str:
+    """The results table: one row per algorithm, mean ± std over seeds (percent for accuracy)."""
+    metric = results["metric"]
     part_seed = results["partition"].get("seed")
     fixed = "" if part_seed is None else f" with partition seed {part_seed} for every run seed"
     lines = [
@@ -613,23 +637,15 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         f"client's {metric}; weighted = pooled over all test samples; best = best uniform evaluation; "
         f"seconds = training + evaluation time of a run's rounds (wall clock, {results.get('jobs', 1)} parallel "
         f"job(s)); runs = finished runs in the statistics (of those planned); rejected = client replies rejected "
-        f"(NaN/Inf or an error), summed over those runs. Per-run numbers: results.json.",
+        f"(NaN/Inf or an error), summed over those runs. Per-run numbers: results.json; the table as data, with "
+        f"the machine and commit that computed it: results.csv.",
         "",
-        f"| algorithm | final {metric}, uniform{unit} | best {metric}, uniform{unit} | "
-        f"final {metric}, weighted{unit} | model | runs | upload per run (MiB) | seconds per run | rejected |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for algo in results["algorithms"]:
-        e = results["results"][algo]
-        up = e["bytes_up_total"]
-        up_text = "n/a" if up["n"] == 0 else f"{up['mean'] / 2 ** 20:.2f}"
-        sec = e.get("seconds", {"n": 0})
-        sec_text = "n/a" if sec["n"] == 0 else f"{sec['mean']:.1f}"
-        planned = e.get("runs_planned", len(e["runs"]))
-        runs_text = str(len(e["runs"])) if len(e["runs"]) == planned else f"{len(e['runs'])} of {planned}"
-        lines.append(f"| {algo} | {_fmt(e['final_uniform'], percent)} | {_fmt(e['best_uniform'], percent)} | "
-                     f"{_fmt(e['final_weighted'], percent)} | {e.get('model', 'n/a')} | {runs_text} | "
-                     f"{up_text} | {sec_text} | {e.get('client_failures', 0)} |")
+    columns, rows = results_table(results)
+    percent = metric == "accuracy"
+    unit = " (%)" if percent else ""
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(r[c] for c in columns) + " |" for r in rows]
     glob = [f"{algo} {_fmt(results['results'][algo]['final_global_uniform'], percent)}"
             if "final_global_uniform" in results["results"][algo] else f"{algo} none"
             for algo in results["algorithms"] if results["results"][algo]["runs"]]
@@ -649,6 +665,23 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         if any(r["status"] == "incomplete" for r in missing):
             lines += ["", "Rerun the same command to continue the incomplete runs (finished runs are reused)."]
     return "\n".join(lines) + "\n"
+
+
+def results_data(results: Mapping[str, Any]) -> str:
+    """``results.csv``: the results table as data, with its provenance (``published.PROVENANCE``: the command, and
+    the machines and commits that computed the runs in it, from their ``run_info.json``)."""
+    from .published import provenance_of_runs, results_csv
+
+    columns, rows = results_table(results)
+    runs = [Path(r["run_dir"]) for e in results["results"].values() for r in e["runs"]]
+    part_seed = results["partition"].get("seed")
+    notes = (f"{results['dataset']}, {results['partition']['name']} partition"
+             f"{'' if part_seed is None else f' (partition seed {part_seed})'}, "
+             f"{results['partition']['num_clients']} clients, {results['rounds']} rounds; mean ± {results['std']}; "
+             f"final = mean of the last {results['final_k']} evaluations")
+    if results.get("not_in_table"):
+        notes += f"; {len(results['not_in_table'])} run(s) not in the table (failed or incomplete)"
+    return results_csv(columns, rows, provenance_of_runs(runs, results["seeds"], notes))
 
 
 def plot_curves(results: Mapping[str, Any], path: Path) -> None:

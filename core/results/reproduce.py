@@ -9,9 +9,7 @@ the rows ranked both ways (Kendall's tau between the two orders, and whether the
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import math
 from pathlib import Path
@@ -243,6 +241,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     for column in table.columns:  # whichever columns are selected, so a narrower --cols reuses the runs
         home.setdefault(json.dumps(_cell_layer(table, column, quick, overrides), sort_keys=True, default=str),
                         column.id)
+    echo(f"{tag}{estimate_table(table, chosen_cols, specs, seeds, quick, out_dir, home, jobs, echo, overrides, tag)}")
     for column in chosen_cols:
         layer = _cell_layer(table, column, quick, overrides)
         key = json.dumps(layer, sort_keys=True, default=str)
@@ -273,7 +272,8 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
                 std = scale_factor * math.sqrt(sum((v - raw) ** 2 for v in values) / len(values))
             note = "" if values or not runs else _no_value_reason(runs[0], metric["pflkit"])
             results[row.id, column.id] = {"mean": mean, "std": std, "runs": len(values), "note": note}
-    report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick, scale_text)
+    run_dirs = [Path(r["run_dir"]) for c in done.values() for e in c["results"].values() for r in e["runs"]]
+    report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick, scale_text, run_dirs)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.md").write_text(report["markdown"])
     (out_dir / "results.csv").write_text(report["csv"])
@@ -282,11 +282,30 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     return report
 
 
+def estimate_table(table: Table, cols: Sequence[Column], specs: Sequence[str], seeds: Sequence[int], quick: bool,
+                   out_dir: Path, home: Mapping[str, str], jobs: int, echo: Callable[[str], None],
+                   overrides: Mapping[str, Any] = {}, tag: str = "") -> str:
+    """The one line said before any cell runs: cells, runs, and the run time left with ``jobs``, measured from the
+    first rounds of one run per row and setting (``estimate.py``: the measured runs continue, nothing is lost)."""
+    from .estimate import estimate_comparisons, estimate_line
+
+    settings: Dict[str, Any] = {}
+    for column in cols:
+        layer = _cell_layer(table, column, quick, overrides)
+        settings.setdefault(json.dumps(layer, sort_keys=True, default=str), layer)
+    folders = [(out_dir / home[key], layer) for key, layer in settings.items()]
+    est = estimate_comparisons(folders, specs, seeds, jobs, echo=lambda line: echo(f"{tag}{line}"))
+    what = (f"{table.name}{' at quick scale' if quick else ''}, {len(specs) * len(cols)} cells ({len(specs)} rows x "
+            f"{len(cols)} columns, {len(folders)} setting(s)) x {len(seeds)} seed(s)")
+    return estimate_line(est, what, jobs)
+
+
 def _fmt(value: Optional[float], digits: int = 2) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, label: str) -> Dict[str, Any]:
+def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, label: str,
+            runs: Sequence[Path] = ()) -> Dict[str, Any]:
     tag = f"[{label}] " if label else ""
     scale = label or "paper"
     csv_rows = []
@@ -306,10 +325,12 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
                              "pflkit_mean": _fmt(ours["mean"]), "pflkit_std": _fmt(ours["std"]),
                              "runs": ours["runs"], "pflkit_note": ours.get("note", ""), "difference": _fmt(diff),
                              "within_paper_spread": within})
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(csv_rows[0]) if csv_rows else ["scale"], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(csv_rows)
+    from .published import provenance_of_runs, results_csv
+
+    notes = (f"{label}: not comparable with the paper's numbers; " if label else "") + \
+        f"{table.title()}; pflkit's std: population std over seeds"
+    csv_text = results_csv(list(csv_rows[0]) if csv_rows else ["scale"], csv_rows,
+                           provenance_of_runs(runs, seeds, notes))
     md = [f"# {tag}{table.title()}", ""]
     if label:
         what = "at quick scale (fewer rounds, a fraction of the data)" if quick else "at the paper's scale"
@@ -347,7 +368,7 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
         md += [f"- {tag}{r.label}: {_own_metric_text(table, r, cols)}" for r in own]
         md.append("")
     md += [f"{tag}Rows' hyperparameters:", ""] + [f"- {tag}{r.label} (`{r.spec(quick)}`): {r.source}" for r in rows]
-    return {"markdown": "\n".join(md) + "\n", "csv": buf.getvalue(), "cells": csv_rows}
+    return {"markdown": "\n".join(md) + "\n", "csv": csv_text, "cells": csv_rows}
 
 
 def _own_metric_text(table: Table, row, cols) -> str:

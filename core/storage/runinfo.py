@@ -94,7 +94,8 @@ def cpu_capability() -> Optional[str]:
 def git_commit(source: Optional[Path] = None) -> Optional[Dict[str, Any]]:
     """Commit (and whether tracked files differ from it) of the checkout pflkit runs from; None when installed
     from a wheel or git is unavailable. Only a checkout whose root holds the package counts (not a parent repo)."""
-    root = Path(source) if source is not None else Path(__file__).resolve().parent.parent
+    # core/storage/runinfo.py: the checkout's root is two folders above this one
+    root = Path(source) if source is not None else Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return None
     try:
