@@ -18,10 +18,13 @@ from .engine.backend import SerialBackend
 from .engine.compose import composition
 from .engine.config import deep_merge, load_file, parse_sets, resolve, to_plain
 from .engine.simulation import Simulation, make_model_factory
+from .results.tables import check_table, installed_table
 
 # Besides its own helpers, this module is where a plugin's tests find the core's pieces they drive directly: the fl
-# command (``cli``), configuration (``resolve``, ``parse_sets``, ``load_file``, ``composition``), the backends and
-# ``make_model_factory``; with ``pflkit.core`` that is all a plugin imports (tests/test_public_api.py).
+# command (``cli``), configuration (``resolve``, ``parse_sets``, ``load_file``, ``composition``), the backends,
+# ``make_model_factory`` and a plugin's paper tables (``installed_table``: a parsed ``pflkit.tables`` entry with
+# ``cell_config``; ``check_table``: what ``fl reproduce --check`` runs); with ``pflkit.core`` that is all a plugin
+# imports (tests/test_public_api.py).
 
 TINY: Dict[str, Any] = {
     "rounds": 2, "device": "cpu",

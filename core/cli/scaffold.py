@@ -90,7 +90,7 @@ ALGORITHM = Algorithm(
 )
 '''
 
-TEST = '''from pflkit.core.results.tables import check_table, installed_table
+TEST = '''from pflkit.core.testing import check_table, installed_table
 from pflkit.core.testing import quick_run
 
 

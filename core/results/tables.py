@@ -130,6 +130,20 @@ class Table:
         """Column id -> the dataset name its cells use (settings < column)."""
         return {c.id: str(self.layer(c).get("dataset", {}).get("name", "?")) for c in self.columns}
 
+    def cell_config(self, row_id: str, column_id: str, quick: bool = False) -> Any:
+        """The resolved config of one cell (seed 0) as ``fl reproduce`` runs it: the column's layer under the row's
+        options (with its own ``quick`` at quick scale); what a table's tests check the paper's settings against."""
+        from ..engine.config import parse_sets
+        from .compare import parse_entry
+
+        row = next((r for r in self.rows if r.id == row_id), None)
+        column = next((c for c in self.columns if c.id == column_id), None)
+        if row is None or column is None:
+            raise ConfigError(f"table {self.name}: no row {row_id!r}" if row is None else
+                              f"table {self.name}: no column {column_id!r}")
+        entry = parse_entry(row.spec(quick))
+        return resolve([self.layer(column, quick), parse_sets(entry.sets), {"seed": 0}], algorithm=entry.algorithm)
+
     def layer(self, column: Column, quick: bool = False) -> Dict[str, Any]:
         """The config layer of a column's cells: shared settings < column < quick-scale overrides."""
         out = deep_merge(self.settings, column.set)

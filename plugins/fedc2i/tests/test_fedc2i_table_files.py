@@ -16,7 +16,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from pflkit.core import TABLES
-from pflkit.core.results.tables import installed_table
+from pflkit.core.testing import installed_table
 
 ROWS = ["local", "fedavg", "fedprox", "fedrep", "fedrod", "fedproto", "fedc2i"]
 COLUMNS = {"table1": ["mnist", "svhn", "usps", "synth_digits", "mnist_m", "avg"],

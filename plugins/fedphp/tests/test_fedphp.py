@@ -14,7 +14,7 @@ from pflkit.core.testing import (assert_pooled_matches_one_trainer_per_client, a
 from pflkit_fedphp import FedPHPTrainer, expected_participations
 
 OVER = {"rounds": 3, "participation": {"join_ratio": 0.5}}
-EVAL = ("accuracy", "per_client", "test_loss", "transfer", "hpm", "bytes_up", "bytes_down")
+EVAL = ("accuracy", "per_client", "test_loss", "transfer", "hpm", "bytes_up", "bytes_down", "global")
 
 
 def run(tmp_path, name, algorithm="fedphp", sets=(), **kw):

@@ -62,18 +62,12 @@ def test_table1_registered_complete_and_valid():
 
 def test_table1_cells_resolve_with_the_papers_hyperparameters():
     """Each cell's resolved config carries the paper's setting and the row's hyperparameters."""
-    from pflkit.core.engine.config import parse_sets, resolve
-    from pflkit.core.results.compare import parse_entry
-    from pflkit.core.results.tables import installed_table
+    from pflkit.core.testing import installed_table
 
     table = installed_table("fedsa:table1")
-    cols = {c.id: c for c in table.columns}
-    rows = {r.id: r for r in table.rows}
 
     def cfg(row, col, quick=False):
-        entry = parse_entry(rows[row].spec())
-        return resolve([table.layer(cols[col], quick), parse_sets(entry.sets), {"seed": 0}],
-                       algorithm=entry.algorithm)
+        return table.cell_config(row, col, quick)
 
     c = cfg("fedsa_c8", "pa_tiny")
     assert (c.aggregator.mic_categories, c.aggregator.max_clusters, c.aggregator.cv_t) == (8, 8, 0.2)

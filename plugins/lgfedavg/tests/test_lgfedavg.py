@@ -51,7 +51,9 @@ def test_top_layers_travel_and_lower_layers_stay_local(tmp_path):
 def test_sharing_every_layer_is_fedavg_bit_for_bit(tmp_path):
     lg, a = run(tmp_path, "lg", sets=("trainer.global_layers=3",))
     avg, b = run(tmp_path, "avg", "fedavg")
-    assert records(tmp_path / "lg") == records(tmp_path / "avg") and a["final"] == b["final"]
+    # the personal numbers; whether a global model is scored depends on the algorithm's declaration, not the layers
+    assert records(tmp_path / "lg", drop=("global",)) == records(tmp_path / "avg", drop=("global",))
+    assert a["final"] == b["final"]
     for k, v in avg.server.global_state.items():
         assert torch.equal(lg.server.global_state[k], v), k
     _, c = run(tmp_path, "default")
