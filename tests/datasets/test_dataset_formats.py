@@ -1,10 +1,8 @@
 """Every file-backed dataset loads tiny files written here in its real on-disk format (download=False)."""
 from __future__ import annotations
 
-import bz2
-import gzip
 import pickle
-import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,43 +18,14 @@ from pflkit.datasets.vision import (load_cifar10, load_cifar100, load_emnist, lo
                                     load_mnist, load_svhn, load_tiny_imagenet)
 
 
-# -- writers of the real formats ----------------------------------------------------------------------------
-def write_idx(path: Path, arr: np.ndarray, gz: bool = False) -> None:
-    arr = np.asarray(arr, dtype=np.uint8)
-    payload = bytes([0, 0, 0x08, arr.ndim]) + b"".join(struct.pack(">I", d) for d in arr.shape) + arr.tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if gz:
-        with gzip.open(str(path) + ".gz", "wb") as fh:
-            fh.write(payload)
-    else:
-        path.write_bytes(payload)
+# -- writers of the real formats: one copy, shared with the paper tables' tests (tests/tables/realformats.py) ------
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tables"))
+from realformats import write_mnist_like, write_png, write_svhn_mat, write_usps  # noqa: E402
+from realformats import write_mnist_m as _write_mnist_m  # noqa: E402
 
 
-def write_mnist_like(folder: Path, n_train: int, n_test: int, rng, prefix: str = "", gz: bool = False,
-                     label_offset: int = 0, num_classes: int = 10):
-    x_tr = rng.integers(0, 256, (n_train, 28, 28))
-    x_te = rng.integers(0, 256, (n_test, 28, 28))
-    y_tr = rng.integers(0, num_classes, n_train) + label_offset
-    y_te = rng.integers(0, num_classes, n_test) + label_offset
-    write_idx(folder / f"{prefix}train-images-idx3-ubyte", x_tr, gz)
-    write_idx(folder / f"{prefix}train-labels-idx1-ubyte", y_tr, gz)
-    write_idx(folder / f"{prefix}{'test' if prefix else 't10k'}-images-idx3-ubyte", x_te, gz)
-    write_idx(folder / f"{prefix}{'test' if prefix else 't10k'}-labels-idx1-ubyte", y_te, gz)
-    return np.concatenate([x_tr, x_te]), np.concatenate([y_tr, y_te])
-
-
-def write_svhn_mat(path: Path, n: int, rng, labels=None):
-    import scipy.io
-    x = rng.integers(0, 256, (32, 32, 3, n)).astype(np.uint8)
-    y = (rng.integers(1, 11, n) if labels is None else np.asarray(labels)).reshape(-1, 1)
-    scipy.io.savemat(str(path), {"X": x, "y": y})
-    return x, y.reshape(-1)
-
-
-def write_png(path: Path, arr: np.ndarray, fmt: str = "PNG") -> None:
-    from PIL import Image
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.asarray(arr, dtype=np.uint8)).save(path, fmt)
+def write_mnist_m(root: Path, rng, n: int = 3) -> None:
+    _write_mnist_m(root, n, n, rng)
 
 
 # -- CIFAR ---------------------------------------------------------------------------------------------------
@@ -256,24 +225,6 @@ def test_image_folder_with_domains_fills_groups(tmp_path):
 
 
 # -- Digit-5 --------------------------------------------------------------------------------------------------
-def write_usps(path: Path, n: int, rng) -> np.ndarray:
-    labels = rng.integers(1, 11, n)
-    with bz2.open(path, "wt") as fh:
-        for lab in labels:
-            vals = rng.uniform(-1, 1, 256)
-            fh.write(f"{lab} " + " ".join(f"{i + 1}:{v:.6f}" for i, v in enumerate(vals)) + "\n")
-    return labels - 1
-
-
-def write_mnist_m(root: Path, rng, n: int = 3) -> None:
-    for split in ("train", "test"):
-        lines = []
-        for i in range(n):
-            write_png(root / "mnist_m" / f"mnist_m_{split}" / f"{i:08d}.png", rng.integers(0, 256, (28, 28, 3)))
-            lines.append(f"{i:08d}.png {i % 10}")
-        (root / "mnist_m" / f"mnist_m_{split}_labels.txt").write_text("\n".join(lines) + "\n")
-
-
 def test_digit5_assembles_domains_as_groups(tmp_path):
     rng = np.random.default_rng(7)
     write_mnist_like(tmp_path / "MNIST" / "raw", 6, 2, rng)
