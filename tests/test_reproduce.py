@@ -164,6 +164,9 @@ def test_table_registered_in_process_is_listed_and_checked(registries_snapshot):
     (("fedavg = { mean = [50.0, 100.0]", "fedavg = { mean = [50.0, 1.0, 2.0]"), "numbers.fedavg.mean: expected"),
     (('pflkit = "final_min"', 'pflkit = "final_minimum"'), "Did you mean 'final_min'?"),
     (("rounds = 20", "roundz = 20"), "unknown key 'roundz'"),
+    # two rows running the same method with the same options would be one fl compare entry, scored twice
+    (('plugin = "fedprox"\noptions = { trainer = { mu = 0.1 } }', 'plugin = "fedavg"'),
+     "rows fedavg and fedprox run the same method with the same options (fedavg)"),
     (("[[chosen]]", "[[chosen]]\nwhom = 1"), "chosen[0]: unknown key 'whom'"),
     # the scored model and the pflkit key agree: global needs a *_global_* key, personal one without
     (('pflkit = "best_weighted" }', 'pflkit = "best_global_weighted" }'),

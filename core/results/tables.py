@@ -366,6 +366,14 @@ def check_table(table: Table) -> int:
     from ..results.compare import parse_entry
     from ..engine.config import parse_sets
 
+    for quick in (False, True):  # fl compare runs one entry per spec: two rows alike would be one run, scored twice
+        seen: Dict[str, str] = {}
+        for row in table.rows:
+            other = seen.setdefault(row.spec(quick), row.id)
+            if other != row.id:
+                raise ConfigError(f"table {table.name}: rows {other} and {row.id} run the same method with the same "
+                                  f"options{' at quick scale' if quick else ''} ({row.spec(quick)}); give one of them "
+                                  f"the option that tells them apart, or score both in one row")
     cells = 0
     for column in table.columns:
         for quick in (False, True):
