@@ -325,3 +325,21 @@ def test_a_streamed_field_is_checked_against_the_aggregators_declaration(tmp_pat
     n = {c: len(sim.data.splits[c].train) for c in (1, 2, 3)}  # FedAvg's weights: the sample counts
     expected = sum(c * n[c] for c in n) / sum(n.values())
     assert torch.allclose(agg.stats_mean["mean"], torch.full((3,), expected))
+
+
+def test_fold_mean_of_finite_states_is_finite_and_unchanged_otherwise():
+    """A strategy that needs every upload (IFCA, FedGen, all-replies aggregation) folds them with fold_mean: finite
+    uploads whose float32 running sums would pass the range still give their finite mean, in float32."""
+    import torch
+
+    from pflkit.core.api.fold import _fold_states, fold_mean
+
+    big = [{"w": torch.full((3,), 2e38), "n": torch.tensor(5)}, {"w": torch.full((3,), 3e38), "n": torch.tensor(5)}]
+    mean = fold_mean(big, [1.0, 1.0])
+    assert mean["w"].dtype == torch.float32 and torch.isfinite(mean["w"]).all()
+    assert mean["w"][0].item() == pytest.approx(2.5e38, rel=1e-6) and mean["n"].item() == 5
+    assert not torch.isfinite(_fold_states(big, [1.0, 1.0])["w"]).all()  # what the float32 sums alone gave
+    g = torch.Generator().manual_seed(0)
+    small = [{"w": torch.randn(50, generator=g)} for _ in range(4)]
+    weights = [3.0, 1.0, 7.0, 2.0]
+    assert torch.equal(fold_mean(small, weights)["w"], _fold_states(small, weights)["w"])  # bit for bit as before

@@ -85,9 +85,21 @@ def unflatten(flat: torch.Tensor, layout: Layout, ints: Dict[str, torch.Tensor],
 def fold_mean(states: Sequence[State], weights: Sequence[float]) -> State:
     """The weighted mean of ``states`` with streaming aggregation's arithmetic (running sums in the given order,
     one rounding): what a strategy that needs every upload computes when its mean must equal a streamed one bit for
-    bit (IFCA with one cluster is FedAvg; FedGen without its regulariser is FedAvg)."""
+    bit (IFCA with one cluster is FedAvg; FedGen without its regulariser is FedAvg).
+
+    States that are each finite can still take float32 running sums past their range (two uploads of 2e38): then,
+    and only then, the sums run in float64 and each key comes back in its own dtype, because the mean of finite
+    values is finite and a strategy must not receive inf for it."""
     if not states:
         raise ValueError("fold_mean of no states")
+    if _sums_would_overflow(states, weights):
+        wide = [{k: v.to(torch.float64) if v.is_floating_point() else v for k, v in s.items()} for s in states]
+        mean = _fold_states(wide, weights)
+        return {k: v.to(states[0][k].dtype) for k, v in mean.items()}
+    return _fold_states(states, weights)
+
+
+def _fold_states(states: Sequence[State], weights: Sequence[float]) -> State:
     fold = FieldFold("params")
     for i, (state, weight) in enumerate(zip(states, weights)):
         problem = fold.check(i, state)
@@ -95,6 +107,20 @@ def fold_mean(states: Sequence[State], weights: Sequence[float]) -> State:
             raise ValueError(f"state {i}: {problem}")
         fold.add(i, state, float(weight))
     return fold.mean(next(iter(states[0].values())).device if states[0] else torch.device("cpu")).state
+
+
+def _sums_would_overflow(states: Sequence[State], weights: Sequence[float]) -> bool:
+    """Whether ``sum w_i max|x_i|`` (the fold's bound on every running sum) passes the sums' headroom."""
+    probe = FieldFold("params")
+    for state, weight in zip(states, weights):
+        weight = float(weight)
+        if not math.isfinite(weight) or weight <= 0:
+            continue  # not an overflow: the fold itself takes (or refuses) such weights as before
+        why, bound = probe.overflow(state, weight)
+        if why is not None:
+            return True
+        probe.bound = bound
+    return False
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
