@@ -158,6 +158,10 @@ EVALUATIONS = {
     "num_samples 10**9": (lambda r: r.update(num_samples=10 ** 9), "num_samples"),
     "num_samples 0": (lambda r: r.update(num_samples=0), "num_samples"),
     "a negative num_samples": (lambda r: r.update(num_samples=-3), "num_samples"),
+    # the adaptation cost the round's summary adds up (adapt/steps, adapt/seconds): int("ten") was a traceback
+    "adapt_steps a string": (lambda r: r.update(adapt_steps="ten", adapt_seconds=0.1), "adapt_steps (a str)"),
+    "adapt_steps negative": (lambda r: r.update(adapt_steps=-5), "adapt_steps -5 is not a count"),
+    "adapt_seconds NaN": (lambda r: r.update(adapt_steps=3, adapt_seconds=float("nan")), "adapt_seconds"),
 }
 
 

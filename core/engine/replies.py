@@ -21,6 +21,7 @@ import torch
 
 from ..common.errors import PflError
 from ..api.fold import Layout, layout_problem
+from ..api.adaptation import REPLY_SECONDS, REPLY_STEPS
 from ..api.globalmodel import GLOBAL_EVALUATE
 from ..api.protocol import safe_name
 
@@ -151,7 +152,27 @@ class ReplyChecks:
             sums[key] = value
         if self.bounded_metric and sums["metric_sum"] > n:
             return f"its evaluation's metric_sum {sums['metric_sum']:g} exceeds its {n} test samples"
-        return None
+        return adaptation_problem(reply)
 
     def test_size(self, cid: int) -> int:
         return self.test_sizes.get(cid, 0)
+
+
+def adaptation_problem(reply: Mapping[str, Any]) -> Optional[str]:
+    """An evaluate reply's adaptation cost (``adapt_steps``, ``adapt_seconds``: what the round's summary adds up),
+    when present: a count >= 0 and a finite number of seconds >= 0."""
+    if REPLY_STEPS in reply:
+        steps = count_of(reply[REPLY_STEPS])
+        if steps is None or steps < 0:
+            return f"its evaluation's {REPLY_STEPS} {_shown(reply[REPLY_STEPS])} is not a count >= 0"
+    if REPLY_SECONDS in reply:
+        seconds = real_of(reply[REPLY_SECONDS])
+        if seconds is None or not math.isfinite(seconds) or seconds < 0:
+            return f"its evaluation's {REPLY_SECONDS} {_shown(reply[REPLY_SECONDS])} is not a finite number >= 0"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A reply's value in a log line: the number, else only its type (a client's value may hold anything)."""
+    number = real_of(value)
+    return f"{number:g}" if number is not None else f"(a {type(value).__name__})"
