@@ -54,8 +54,8 @@ def problems_in(path: Path, root: Path) -> List[str]:
                 continue
             module = pflkit.core if node.module == "pflkit.core" else pflkit.core.testing
             for a in node.names:
-                if node.module == "pflkit.core" and a.name not in pflkit.core.__all__:
-                    out.append(f"{rel}:{node.lineno}: {a.name} is not in pflkit.core.__all__")
+                if a.name not in module.__all__:
+                    out.append(f"{rel}:{node.lineno}: {a.name} is not in {node.module}.__all__")
                 elif not hasattr(module, a.name):
                     out.append(f"{rel}:{node.lineno}: {node.module} has no {a.name}")
     return out

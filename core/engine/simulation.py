@@ -378,6 +378,7 @@ class Simulation(RoundLoop):
         self._checkpointed_round = self.completed_round
 
     def checkpoint(self) -> None:
+        """Write the run's checkpoint now (rank 0 writes; other ranks send it their clients' states)."""
         if not self.is_writer:  # rank 0 writes; the others send it their clients' states, in the same order
             for cid in self.client_ids:
                 self.backend.get_state(cid)
@@ -392,6 +393,7 @@ class Simulation(RoundLoop):
 
     # -- result ------------------------------------------------------------------------------------------------
     def summary(self) -> Dict[str, Any]:
+        """The run's summary: what ``summary.json`` holds (final and best metrics, traffic, failures)."""
         return {
             "run_dir": str(self.run_dir),
             "algorithm": self.cfg.algorithm,
