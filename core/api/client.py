@@ -288,12 +288,27 @@ def state_declared(trainer_cls: type) -> bool:
 def can_pool(trainer_cls: type, aggregator_cls: type) -> bool:
     """Whether clients of ``trainer_cls`` may run pooled against ``aggregator_cls``: the trainer declares its state,
     and when it relies on the server to deliver its shared part, the aggregator does so in every message."""
+    return client_state_backend(trainer_cls, aggregator_cls)["path"] == POOLED
+
+
+POOLED, ONE_PER_CLIENT = "pooled", "one trainer per client"
+
+
+def client_state_backend(trainer_cls: type, aggregator_cls: type) -> Dict[str, str]:
+    """How a run of this pair keeps its clients' state, and why: ``{"path": "pooled" | "one trainer per client",
+    "reason": ...}`` (``fl show``, the run summary and run_info.json say it)."""
+    name = getattr(trainer_cls, "__name__", str(trainer_cls))
     if not state_declared(trainer_cls):
-        return False
-    if not getattr(trainer_cls, "needs_shared_delivery", False):
-        return True
-    check = getattr(aggregator_cls, "delivers_shared_state", None)
-    return bool(check()) if callable(check) else False
+        return {"path": ONE_PER_CLIENT, "reason": f"trainer {name} does not declare its per-client state "
+                                                  f"(declares_state in its own class body)"}
+    if getattr(trainer_cls, "needs_shared_delivery", False):
+        check = getattr(aggregator_cls, "delivers_shared_state", None)
+        if not (bool(check()) if callable(check) else False):
+            return {"path": ONE_PER_CLIENT,
+                    "reason": f"aggregator {getattr(aggregator_cls, '__name__', aggregator_cls)} does not send the "
+                              f"shared state in every message, which trainer {name} needs to keep only its own part"}
+    return {"path": POOLED, "reason": f"trainer {name} declares its per-client state; one working trainer swaps "
+                                      f"each client's state in and out"}
 
 
 def host_copy(state: Dict[str, torch.Tensor], keys: Optional[List[str]] = None) -> State:

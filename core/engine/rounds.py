@@ -379,6 +379,9 @@ class RoundLoop:
         plan = getattr(self, "batched_plan", None)
         if plan is not None:  # which path the clients' local updates take, and why (clients.batched)
             entry["clients_batched"] = plan.as_dict()
+        state_plan = getattr(self, "client_state_plan", None)
+        if state_plan is not None:  # pooled trainer with declared states, or one live trainer per client, and why
+            entry["clients_state"] = dict(state_plan)
         runinfo.append(self.run_dir, entry)
         reporter.note(f"{event} at round {self.completed_round} of {self.cfg.rounds}: {self.cfg.algorithm} on "
                       f"{self.cfg.dataset.name}, {entry['threads']} torch thread(s), device {entry['device']}, "
