@@ -26,6 +26,17 @@ from .results.tables import check_table, installed_table
 # ``cell_config``; ``check_table``: what ``fl reproduce --check`` runs); with ``pflkit.core`` that is all a plugin
 # imports (tests/test_public_api.py).
 
+__all__: List[str] = sorted([
+    # this module's own helpers
+    "TINY", "WORKER_ENV", "OneTrainerPerClient", "assert_one_line_error", "assert_pooled_matches_one_trainer_per_client",
+    "assert_resume_matches_full_run", "assert_run_refused", "assert_streaming_matches_all_replies",
+    "assert_workers_match_serial", "fold_tolerance", "metrics_records", "one_process_group", "quick_run",
+    "run_capturing_replies", "run_in_own_session", "run_with_workers", "tiny_config", "tiny_run", "tiny_simulation",
+    # the core's pieces a plugin's tests drive directly (see above)
+    "cli", "check_table", "composition", "deep_merge", "installed_table", "load_file", "make_model_factory",
+    "parse_sets", "resolve", "to_plain", "DistributedBackend", "SerialBackend", "Simulation",
+])
+
 TINY: Dict[str, Any] = {
     "rounds": 2, "device": "cpu",
     "partition": {"num_clients": 4},

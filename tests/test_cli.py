@@ -119,7 +119,7 @@ def test_third_party_plugin_is_built_installed_discovered_and_run(tmp_path):
     assert res.exit_code == 0, res.output
     site = tmp_path / "site"
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                          "--target", str(site), str(tmp_path / "mytest_algo")], capture_output=True, text=True)
+                          "--target", str(site), str(tmp_path / "pflkit-mytest-algo")], capture_output=True, text=True)
     assert pip.returncode == 0, pip.stderr
     # a broken third-party plugin next to it must not break discovery
     broken = site / "broken_thing-1.0.dist-info"

@@ -54,8 +54,8 @@ def problems_in(path: Path, root: Path) -> List[str]:
                 continue
             module = pflkit.core if node.module == "pflkit.core" else pflkit.core.testing
             for a in node.names:
-                if node.module == "pflkit.core" and a.name not in pflkit.core.__all__:
-                    out.append(f"{rel}:{node.lineno}: {a.name} is not in pflkit.core.__all__")
+                if a.name not in module.__all__:
+                    out.append(f"{rel}:{node.lineno}: {a.name} is not in {node.module}.__all__")
                 elif not hasattr(module, a.name):
                     out.append(f"{rel}:{node.lineno}: {node.module} has no {a.name}")
     return out
@@ -85,7 +85,7 @@ def test_every_scaffold_imports_only_the_public_api(tmp_path, kind):
     name = f"api_{kind}_x"
     res = CliRunner().invoke(cli, ["new-plugin", name, "--kind", kind, "--dir", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    files = sorted((tmp_path / name).rglob("*.py"))
+    files = sorted((tmp_path / f"pflkit-{name.replace('_', '-')}").rglob("*.py"))
     assert len(files) >= 2
     imported = [n for f in files for n in ast.walk(ast.parse(f.read_text()))
                 if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("pflkit")]

@@ -62,7 +62,7 @@ def test_each_kind_is_discovered_tested_and_runs(tmp_path, register_package, kin
     name = f"my_{kind}_x"
     res = fl("new-plugin", name, "--kind", kind, "--dir", str(tmp_path))
     assert res.exit_code == 0, res.output
-    root = tmp_path / name
+    root = tmp_path / f"pflkit-{name.replace('_', '-')}"  # the distribution's name
     assert (root / "pyproject.toml").is_file() and (root / "README.md").is_file()
     groups = register_package(root, name)
     assert group in groups and groups[group].startswith(f"{name} = pflkit_{name}:")
@@ -99,7 +99,7 @@ def _its_table_checks_and_runs(tmp_path, name, groups):
     passes over it, and a quick reproduction runs its own row."""
     assert groups["pflkit.tables"] == f"{name}:table1 = pflkit_{name}.tables:table1.toml"
     cfg = configparser.ConfigParser()
-    cfg.read(tmp_path / name / "setup.cfg")
+    cfg.read(tmp_path / f"pflkit-{name.replace('_', '-')}" / "setup.cfg")
     assert cfg["options.package_data"][f"pflkit_{name}.tables"] == "*.toml"
     assert f"pflkit_{name}.tables" in cfg["options"]["packages"].split()
     check = fl("reproduce", "--check")
@@ -133,7 +133,7 @@ def test_taken_or_bad_names_are_refused_with_one_line(tmp_path, args, fragment):
 
 
 def test_existing_folder_is_refused(tmp_path):
-    (tmp_path / "taken_dir").mkdir()
+    (tmp_path / "pflkit-taken-dir").mkdir()
     res = fl("new-plugin", "taken_dir", "--kind", "dataset", "--dir", str(tmp_path))
     assert res.exit_code == 2 and "already exists" in res.output
 
@@ -149,7 +149,8 @@ def test_dataset_scaffold_installs_and_runs_with_the_command_it_prints(tmp_path)
     printed = [shlex.split(ln) for ln in lines if ln.startswith("fl run")]
     assert len(install) == 1 and len(printed) == 1, res.output
     package = install[0][-1]
-    assert package == str(tmp_path / "scaffold_ds")
+    assert package == str(tmp_path / "pflkit-scaffold-ds")  # the folder is named after the distribution
+    assert "distribution pflkit-scaffold-ds, import package pflkit_scaffold_ds" in res.output
     site = tmp_path / "site"
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                           "--target", str(site), package], capture_output=True, text=True, timeout=300)

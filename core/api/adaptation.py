@@ -45,6 +45,7 @@ class AdaptationSettings:
     rounds: Optional[FrozenSet[int]] = None  # the evaluation rounds that adapt; None: all of them
 
     def applies(self, rnd: int) -> bool:
+        """Whether evaluation at round ``rnd`` adapts (every evaluation when ``rounds`` is None)."""
         return self.rounds is None or rnd in self.rounds
 
 

@@ -43,6 +43,7 @@ class ClientContext:
 
     @property
     def num_train(self) -> int:
+        """The number of this client's training samples."""
         return len(self.train)
 
 
@@ -66,6 +67,7 @@ class ClientTrainer:
         self.ctx = ctx
 
     def handle(self, message: Message) -> Dict[str, Any]:
+        """Dispatch ``message`` to ``on_<kind>(payload)`` and return its reply (``{}`` for None)."""
         if message.kind == GLOBAL_EVALUATE:  # the core's plain evaluation of the global model, whatever the trainer
             return evaluate_global(self.ctx, message.payload)
         method = getattr(self, f"on_{message.kind}", None)
@@ -75,10 +77,11 @@ class ClientTrainer:
         return {} if reply is None else reply
 
     def state_dict(self) -> Dict[str, Any]:
+        """Everything this object keeps across rounds, for checkpoints (tensors, numbers, lists, dicts)."""
         return {}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        pass
+        """Restore what ``state_dict`` returned (resume from a checkpoint)."""
 
     # declared per-client state (pooled execution) --------------------------------------------------------
     #: Set ``declares_state = True`` in a trainer's own class body to promise that ``client_state`` holds
@@ -150,6 +153,11 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
 
     # protocol -------------------------------------------------------------------------------------------
     def on_fit(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        """Answer a ``fit`` message: take the server's shared state (``receive``), train (``local_update``), reply
+        ``{"params": upload(), "num_samples": ..., "train_loss": ...}``. The core vets the reply (keys, shapes,
+        dtypes, finite values, ``num_samples`` within the client's training split) before the server sees it.
+        Override only to change the message contract; to change the training, override ``loss`` or
+        ``local_update``."""
         if "params" in payload:
             self.receive(payload["params"])
         else:
@@ -158,6 +166,9 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
         return {"params": self.upload(), "num_samples": self.ctx.num_train, "train_loss": loss}
 
     def on_evaluate(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        """Answer an ``evaluate`` message: take the shared state it brings, then score ``personal_forward()`` on the
+        client's test split (after ``eval.adapt*`` fine-tuning of a scratch copy where that applies). The reply holds
+        evaluation sums (``loss_sum``, ``metric_sum``, ``n``), which the core checks and averages over clients."""
         if "params" in payload:
             self.receive(payload["params"])
         else:
@@ -169,10 +180,15 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
 
     # extension points -----------------------------------------------------------------------------------
     def receive(self, params: State) -> None:
+        """Load the server's shared state into ``self.model``: the keys of ``self.shared`` that ``params`` holds
+        (a personal part, e.g. FedPer's head, stays the client's own). Override to merge instead of overwrite
+        (FedALA's adaptive local aggregation, APFL's mixture)."""
         load_into(self.model, {k: params[k] for k in self.shared if k in params})
         self._shared_stale = False
 
     def upload(self) -> State:
+        """What this client sends back after ``local_update``: detached copies of ``self.shared`` (the core checks
+        them against the server's expected layout, ``ServerAggregator.reply_layout``)."""
         sd = self.model.state_dict()
         return {k: sd[k].detach().clone() for k in self.shared}
 
@@ -184,14 +200,22 @@ class LocalSGDTrainer(AdaptationHooks, ClientTrainer):
         return self.ctx.task.loss(model(x), y)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The objective of one mini-batch ``(x, y)`` that ``local_update`` minimises: ``data_loss`` of
+        ``self.model`` here; FedProx adds its proximal term, MOON its contrastive term. Under ``clients.batched`` the
+        core runs this same method under ``torch.func.vmap`` (docs/batched-clients.md says what it may read)."""
         return self.data_loss(self.model, x, y)
 
     def local_update(self) -> float:
+        """This round's local training: ``train.local_epochs`` epochs of SGD (``make_optimizer``: ``train.*``
+        settings) over the client's own mini-batches on ``loss``; returns the last epoch's mean training loss.
+        Override to change the schedule (FedRep's head-then-body epochs, Ditto's two solves)."""
         self.model.train()
         opt = make_optimizer(self.model.parameters(), self.ctx.train_cfg)
         return run_sgd(self.batches(), self.loss, opt)
 
     def personal_forward(self):
+        """The model that ``on_evaluate`` scores as this client's personal model (a callable ``x -> output``):
+        ``self.model`` here; e.g. Ditto's personal model or APFL's mixture in their trainers."""
         return self.model
 
     def batched_form(self) -> Optional[BatchedForm]:
@@ -264,12 +288,27 @@ def state_declared(trainer_cls: type) -> bool:
 def can_pool(trainer_cls: type, aggregator_cls: type) -> bool:
     """Whether clients of ``trainer_cls`` may run pooled against ``aggregator_cls``: the trainer declares its state,
     and when it relies on the server to deliver its shared part, the aggregator does so in every message."""
+    return client_state_backend(trainer_cls, aggregator_cls)["path"] == POOLED
+
+
+POOLED, ONE_PER_CLIENT = "pooled", "one trainer per client"
+
+
+def client_state_backend(trainer_cls: type, aggregator_cls: type) -> Dict[str, str]:
+    """How a run of this pair keeps its clients' state, and why: ``{"path": "pooled" | "one trainer per client",
+    "reason": ...}`` (``fl show``, the run summary and run_info.json say it)."""
+    name = getattr(trainer_cls, "__name__", str(trainer_cls))
     if not state_declared(trainer_cls):
-        return False
-    if not getattr(trainer_cls, "needs_shared_delivery", False):
-        return True
-    check = getattr(aggregator_cls, "delivers_shared_state", None)
-    return bool(check()) if callable(check) else False
+        return {"path": ONE_PER_CLIENT, "reason": f"trainer {name} does not declare its per-client state "
+                                                  f"(declares_state in its own class body)"}
+    if getattr(trainer_cls, "needs_shared_delivery", False):
+        check = getattr(aggregator_cls, "delivers_shared_state", None)
+        if not (bool(check()) if callable(check) else False):
+            return {"path": ONE_PER_CLIENT,
+                    "reason": f"aggregator {getattr(aggregator_cls, '__name__', aggregator_cls)} does not send the "
+                              f"shared state in every message, which trainer {name} needs to keep only its own part"}
+    return {"path": POOLED, "reason": f"trainer {name} declares its per-client state; one working trainer swaps "
+                                      f"each client's state in and out"}
 
 
 def host_copy(state: Dict[str, torch.Tensor], keys: Optional[List[str]] = None) -> State:
@@ -279,8 +318,10 @@ def host_copy(state: Dict[str, torch.Tensor], keys: Optional[List[str]] = None) 
 
 
 def head_keys(model: nn.Module) -> List[str]:
+    """The ``state_dict`` keys of ``model.head`` (a ``SplitModel``'s classifier), e.g. FedPer's personal layers."""
     return module_keys(model, "head")
 
 
 def feature_keys(model: nn.Module) -> List[str]:
+    """The ``state_dict`` keys of ``model.features`` (a ``SplitModel``'s body), e.g. FedRep's shared representation."""
     return module_keys(model, "features")

@@ -26,6 +26,7 @@ class Param:
     nullable: bool = False
 
     def value_type(self) -> Optional[type]:
+        """The Python type a value of this option must have (``type``, else the default's type; None: any)."""
         if self.type is not None:
             return self.type
         if self.default is None:
@@ -101,18 +102,22 @@ def _first_non_finite(value: Any) -> Optional[float]:
 
 # Reusable checks -----------------------------------------------------------------------------------------
 def positive(v: Any) -> Optional[str]:
+    """A ``Param`` check: None when ``v > 0``, else the reason."""
     return None if v > 0 else "must be > 0"
 
 
 def non_negative(v: Any) -> Optional[str]:
+    """A ``Param`` check: None when ``v >= 0``, else the reason."""
     return None if v >= 0 else "must be >= 0"
 
 
 def unit_interval(v: Any) -> Optional[str]:
+    """A ``Param`` check: None when ``0 <= v <= 1``, else the reason."""
     return None if 0 <= v <= 1 else "must lie in [0, 1]"
 
 
 def open_unit_interval(v: Any) -> Optional[str]:
+    """A ``Param`` check: None when ``0 < v <= 1``, else the reason."""
     return None if 0 < v <= 1 else "must lie in (0, 1]"
 
 

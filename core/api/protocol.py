@@ -53,6 +53,7 @@ class BitMask:
         self.shape = tuple(mask.shape)
 
     def unpack(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The boolean mask, of ``shape``, on ``device``."""
         n = math.prod(self.shape)
         bits = torch.bitwise_and(self.packed.unsqueeze(1),
                                  torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)) > 0
@@ -61,6 +62,7 @@ class BitMask:
 
     @property
     def nbytes(self) -> int:
+        """The bytes the packed mask takes on the wire (one bit per entry)."""
         return int(self.packed.numel())
 
     def problem(self) -> str | None:

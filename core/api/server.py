@@ -13,7 +13,7 @@ Strategies with more phases (pre-training, cross-client work) override ``setup``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -163,28 +163,53 @@ class ServerAggregator:
         return None
 
     def setup(self, comm) -> None:
-        """Called once before round 1 (e.g. to pre-train a shared generative model)."""
+        """Called once before round 1 (e.g. to pre-train a shared generative model), unless the strategy overrides
+        ``setup_steps``. ``comm`` sends messages like ``run_round``'s; a failure here fails the start."""
+
+    def setup_steps(self, comm) -> Iterator[Union[SetupStep, str]]:
+        """A resumable set-up before round 1: a generator that yields after each unit of work (a ``SetupStep(text,
+        done, total)`` or a line of text for the log and console), keeping its progress in ``state_dict``.
+
+        The core checkpoints after each yielded step (``checkpoint.every`` > 0, and always before a pause); Ctrl-C
+        stops between two steps, and a resumed run calls ``setup_steps`` again, which must continue from the saved
+        progress (PCFL trains its flow this way: docs/augmenting.md). Set-up messages keep their seeds across a
+        resume. The default calls ``setup`` once and yields nothing: a strategy overrides one or the other."""
+        self.setup(comm)
+        yield from ()
 
     def run_round(self, rnd: int, selected: Sequence[int], comm) -> None:
+        """One round: send ``configure_fit``'s messages, pass the vetted replies to ``aggregate_fit``, and send
+        the messages it returns, if any (a second exchange in the same round). ``comm.send({cid: Message})``
+        returns ``{cid: reply}`` for the clients whose replies the core accepted; rejected or failed clients are
+        missing (and recorded). Override for a round of another shape (L2GD's probabilistic
+        local or aggregation step), keeping every exchange behind ``comm``."""
         replies = comm.send(self.configure_fit(rnd, selected))
         push = self.aggregate_fit(rnd, replies)
         if push:
             comm.send(push)
 
     def configure_fit(self, rnd: int, selected: Sequence[int]) -> Dict[int, Message]:
+        """The round's training messages: ``{cid: Message("fit", payload)}`` for the ``selected`` clients (those of
+        ``clients.join_ratio``, drawn by the core from the run's seed)."""
         return {cid: Message("fit") for cid in selected}
 
     def aggregate_fit(self, rnd: int, replies: Dict[int, Dict[str, Any]]) -> Optional[Dict[int, Message]]:
+        """Fold the accepted fit replies (``{cid: reply}``, in client order; a field of ``mean_fields`` arrives as
+        one shared ``WeightedMean``) into the strategy's state. Return messages to send in the same round (e.g.
+        personalised models back to clients) or None."""
         return None
 
     def configure_evaluate(self, rnd: int, clients: Sequence[int]) -> Dict[int, Message]:
+        """The evaluation messages for ``clients`` (every client, at each ``eval.every`` round and the last):
+        ``{cid: Message("evaluate", payload)}``; the replies are evaluation sums the core checks and averages."""
         return {cid: Message("evaluate") for cid in clients}
 
     def state_dict(self) -> Dict[str, Any]:
+        """Everything this object keeps across rounds, for checkpoints (tensors, numbers, lists, dicts)."""
         return {}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        pass
+        """Restore what ``state_dict`` returned (resume from a checkpoint)."""
 
 
 class GlobalModelAggregator(ServerAggregator):
@@ -241,6 +266,9 @@ class GlobalModelAggregator(ServerAggregator):
         return None
 
     def combine(self, states: List[State], weights: List[float], cids: List[int]) -> State:
+        """The next global state from the uploads ``states`` of clients ``cids`` (client order) with their
+        ``reply_weight``s: the weighted average here (FedAvg). Override for another rule (FedSA's, FedGen's);
+        the result must hold the global state's keys, shapes and dtypes."""
         return weighted_average(states, weights)
 
     def configure_evaluate(self, rnd: int, clients: Sequence[int]) -> Dict[int, Message]:

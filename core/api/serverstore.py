@@ -70,6 +70,7 @@ class ServerClientStore:
         self._owner._enforce_budget()
 
     def discard(self, cid: int) -> None:
+        """Forget client ``cid``'s entry (in memory or spilled); nothing when it has none."""
         self._backing.discard(int(cid))
 
     def ids(self) -> List[int]:

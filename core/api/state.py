@@ -10,6 +10,7 @@ State = Dict[str, torch.Tensor]
 
 
 def clone_state(state: Mapping[str, torch.Tensor]) -> State:
+    """Detached copies of every tensor of ``state`` (on the same devices)."""
     return {k: v.detach().clone() for k, v in state.items()}
 
 

@@ -27,12 +27,14 @@ class TensorData:
         return int(self.y.shape[0])
 
     def batch(self, idx: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The samples at ``idx`` as ``(x, y)``, with the data's ``transform`` applied to ``x``."""
         x = self.x[idx]
         if self.transform is not None:
             x = self.transform(x)
         return x, self.y[idx]
 
     def all(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Every sample as ``(x, y)``, with the data's ``transform`` applied to ``x``."""
         x = self.x if self.transform is None else self.transform(self.x)
         return x, self.y
 

@@ -118,6 +118,9 @@ def show_command(name: str) -> None:
             click.echo("\n".join(lines) if lines else "  (no options)")
             if section == "aggregator":
                 click.echo(aggregation_line(built))
+                from ..api.client import client_state_backend
+                plan = client_state_backend(compo.trainer, built)
+                click.echo(f"  client state: {plan['path']} ({plan['reason']})")
             else:
                 click.echo(batched_line(built))
         # bases whose run starts with these defaults (the run's own start checks, core/engine/dryrun.py)

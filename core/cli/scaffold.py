@@ -441,7 +441,7 @@ def _write_package(root: Path, files: Dict[Path, str]) -> None:
 @click.option("--kind", "kind", type=click.Choice(sorted(KINDS)), default="algorithm", show_default=True,
               help="What the package provides.")
 @click.option("--dir", "parent", default=".", type=click.Path(file_okay=False), show_default=True,
-              help="Folder in which the package folder is created.")
+              help="Folder in which the package folder (named after the distribution, pflkit-NAME) is created.")
 @friendly_errors
 def new_plugin_command(name: str, kind: str, parent: str) -> None:
     """Write a working, installable plugin package skeleton with a test.
@@ -462,7 +462,7 @@ def new_plugin_command(name: str, kind: str, parent: str) -> None:
     reason = _taken(name, kind, pkg, dist)
     if reason is not None:
         raise ConfigError(f"new-plugin {name}: {reason}")
-    root = Path(parent) / name
+    root = Path(parent) / dist  # the folder is named after the distribution it holds, as pip and PyPI name it
     if root.exists():
         raise ConfigError(f"{root} already exists; choose another name or --dir")
     cls = "".join(part.capitalize() for part in name.split("_"))
@@ -483,4 +483,4 @@ def new_plugin_command(name: str, kind: str, parent: str) -> None:
                   Path("tests") / f"test_{name}.py": test.format(**fields),
                   Path("README.md"): (README if kind == "algorithm" else KIND_README).format(**fields)})
     _write_package(root, files)
-    click.echo(f"created {kind} plugin package {root} ({holds})\nnext:\n  pip install -e {root}\n  {fields['run']}")
+    click.echo(f"created {kind} plugin package {root}: distribution {dist}, import package {pkg} ({holds})\nnext:\n  pip install -e {root}\n  {fields['run']}")

@@ -68,6 +68,7 @@ class DatasetBundle:
 
     @property
     def num_classes(self) -> int:
+        """The number of classes (or outputs) of the task."""
         return self.task.output_dim
 
     def labels_for_partition(self) -> np.ndarray:
@@ -118,9 +119,11 @@ class FederatedData:
 
     @property
     def num_clients(self) -> int:
+        """How many clients the partition has."""
         return len(self.splits)
 
     def client_tensors(self, cid: int, device: torch.device) -> tuple[TensorData, TensorData]:
+        """Client ``cid``'s training and test splits as tensors on ``device``."""
         s = self.splits[cid]
         b = self.bundle
 
@@ -131,6 +134,7 @@ class FederatedData:
         return take(s.train), take(s.test)
 
     def summary(self) -> Dict[str, Any]:
+        """The partition as data: each client's sample and label counts (what ``fl data`` and ``partition.json`` show)."""
         labels = self.bundle.labels_for_partition()
         n_labels = int(labels.max()) + 1 if len(labels) else 0
         clients = []
@@ -148,6 +152,7 @@ class FederatedData:
         return out
 
     def save(self, path: Path) -> None:
+        """Write the partition (the summary plus every client's sample indices) to ``path`` (a run's ``partition.json``)."""
         doc = self.summary()
         for c, s in zip(doc["clients"], self.splits):
             c["train_indices"] = s.train.tolist()

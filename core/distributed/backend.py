@@ -149,6 +149,7 @@ class DistributedBackend(ExecutionBackend):
 
     @property
     def owned(self) -> List[int]:
+        """The client ids this rank runs."""
         return list(self.assignment[self.rank]) if self.assignment else []
 
     @property
@@ -315,6 +316,7 @@ class DistributedBackend(ExecutionBackend):
         return out
 
     def describe(self) -> str:
+        """One line: how many ranks and which clients each runs."""
         return describe(self.assignment)
 
     # -- collectives -------------------------------------------------------------------------------------------

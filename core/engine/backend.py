@@ -128,13 +128,14 @@ class ExecutionBackend(ABC):
         """What a checkpoint stores for ``cid``: its declared state, or its trainer's ``state_dict``."""
 
     @abstractmethod
-    def set_state(self, cid: int, state: Dict[str, Any]) -> None: ...
+    def set_state(self, cid: int, state: Dict[str, Any]) -> None:
+        """Restore ``cid``'s state from what ``get_state`` returned (resume from a checkpoint)."""
 
     def remove_spill_files(self) -> None:
         """The run finished and its checkpoint holds every state: remove the spill files (if this backend has any)."""
 
     def close(self) -> None:
-        pass
+        """Release what the backend holds (trainers, spill files' handles, processes) at the end of a run."""
 
 
 class PooledTrainers(Mapping):
@@ -195,6 +196,8 @@ class SerialBackend(ExecutionBackend):
 
     @property
     def pooled(self) -> bool:
+        """Whether clients run through one pooled trainer, their declared states swapped in and out (else: one live
+        trainer per client)."""
         return self.pool is not None
 
     def execute(self, calls: Dict[int, Call], snapshot: bool = False) -> Dict[int, CallResult]:

@@ -182,6 +182,7 @@ def component_params(obj: Any) -> ParamSpec:
 
 # Merging ---------------------------------------------------------------------------------------------------
 def deep_merge(base: Dict[str, Any], over: Mapping[str, Any]) -> Dict[str, Any]:
+    """A deep copy of ``base`` with ``over`` merged in: nested mappings merge key by key, anything else replaces."""
     out = copy.deepcopy(base)
     for k, v in over.items():
         if isinstance(v, Mapping) and isinstance(out.get(k), dict):

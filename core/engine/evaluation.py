@@ -36,6 +36,7 @@ def summarize(results: Mapping[int, Mapping[str, float]], metric: str = "accurac
 
 
 def per_client_metric(results: Mapping[int, Mapping[str, float]]) -> Dict[int, float]:
+    """Each client's metric (``metric_sum / num_samples``) from evaluation sums, for clients with test samples."""
     return {cid: r["metric_sum"] / r["num_samples"] for cid, r in results.items() if r["num_samples"] > 0}
 
 

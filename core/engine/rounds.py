@@ -237,13 +237,15 @@ class RoundLoop:
         self.logger.set_step(0)
         self.comm.begin_round(0)
         self.comm._calls = self.setup_calls
-        steps_fn = getattr(self.server, "setup_steps", None)
-        stop.phase = "setup-steps" if callable(steps_fn) else "setup"
+        # resumable when the strategy's class overrides ServerAggregator.setup_steps (the default calls setup once)
+        steps_fn = getattr(type(self.server), "setup_steps", None)
+        resumable = steps_fn is not None and steps_fn is not ServerAggregator.setup_steps
+        stop.phase = "setup-steps" if resumable else "setup"
         reporter.setup_started(fresh=self.setup_calls == 0)  # set-up resumed part-way has sent messages already
-        if not callable(steps_fn):
+        if not resumable:
             self.server.setup(self.channel)
         else:
-            for n, step in enumerate(steps_fn(self.channel), start=1):
+            for n, step in enumerate(self.server.setup_steps(self.channel), start=1):
                 self._take_setup_traffic()
                 if isinstance(step, SetupStep):
                     reporter.setup_step(step.text, step.done, step.total)
@@ -377,6 +379,9 @@ class RoundLoop:
         plan = getattr(self, "batched_plan", None)
         if plan is not None:  # which path the clients' local updates take, and why (clients.batched)
             entry["clients_batched"] = plan.as_dict()
+        state_plan = getattr(self, "client_state_plan", None)
+        if state_plan is not None:  # pooled trainer with declared states, or one live trainer per client, and why
+            entry["clients_state"] = dict(state_plan)
         runinfo.append(self.run_dir, entry)
         reporter.note(f"{event} at round {self.completed_round} of {self.cfg.rounds}: {self.cfg.algorithm} on "
                       f"{self.cfg.dataset.name}, {entry['threads']} torch thread(s), device {entry['device']}, "

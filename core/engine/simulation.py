@@ -23,7 +23,7 @@ from .backend import ExecutionBackend, SerialBackend, StateOptions, TrainerFacto
 from ..storage.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from ..api.clientstate import SPILL_DIR, parse_size
 from ..api.serverstore import BUDGET_KEY as SERVER_BUDGET_KEY, SERVER_SPILL_DIR, ServerStores
-from ..api.client import ClientContext, can_pool
+from ..api.client import POOLED, ClientContext, client_state_backend
 from .comm import Communicator
 from .config import MAX_MODEL_PARAMETERS, config_fingerprint, to_plain
 from ..data.data import FederatedData, build_federated_data
@@ -243,7 +243,8 @@ class Simulation(RoundLoop):
         # the backend owns the clients' state: one live trainer each, or (a trainer that declares its state) a
         # pooled working trainer plus a store of declared states with a memory budget
         state_opts = StateOptions(parse_size(cfg.get("clients", {}).get("state_memory")), self.run_dir / SPILL_DIR)
-        pooled = can_pool(self.trainer_cls, self.aggregator_cls)
+        self.client_state_plan = client_state_backend(self.trainer_cls, self.aggregator_cls)
+        pooled = self.client_state_plan["path"] == POOLED
         # failures.client_timeout (.get: a run saved before the key existed has no limit)
         limit_calls = getattr(self.backend, "limit_calls", None)  # an ExecutionBackend's; a duck-typed one has none
         if callable(limit_calls):
@@ -378,6 +379,7 @@ class Simulation(RoundLoop):
         self._checkpointed_round = self.completed_round
 
     def checkpoint(self) -> None:
+        """Write the run's checkpoint now (rank 0 writes; other ranks send it their clients' states)."""
         if not self.is_writer:  # rank 0 writes; the others send it their clients' states, in the same order
             for cid in self.client_ids:
                 self.backend.get_state(cid)
@@ -392,6 +394,7 @@ class Simulation(RoundLoop):
 
     # -- result ------------------------------------------------------------------------------------------------
     def summary(self) -> Dict[str, Any]:
+        """The run's summary: what ``summary.json`` holds (final and best metrics, traffic, failures)."""
         return {
             "run_dir": str(self.run_dir),
             "algorithm": self.cfg.algorithm,
@@ -409,6 +412,7 @@ class Simulation(RoundLoop):
             "bytes_down_total": self.totals["bytes_down"],
             "client_failures": self.totals["failures"],
             "clients_batched": self.batched_plan.as_dict(),
+            "clients_state": dict(self.client_state_plan),
             "checkpoint_bytes": self._checkpoint_bytes(),
         }
 

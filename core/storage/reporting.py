@@ -49,6 +49,8 @@ def format_summary(result: Dict[str, Any]) -> str:
         ("client failures", str(result["client_failures"])),
         *([("clients trained", f"{result['clients_batched']['path']} ({result['clients_batched']['reason']})")]
           if isinstance(result.get("clients_batched"), dict) else []),
+        *([("client state", f"{result['clients_state']['path']} ({result['clients_state']['reason']})")]
+          if isinstance(result.get("clients_state"), dict) else []),
         ("checkpoint", "none written" if result.get("checkpoint_bytes") is None
          else f"{result['checkpoint_bytes'] / 2**20:.2f} MiB"),
     ]
