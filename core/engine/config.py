@@ -468,7 +468,11 @@ NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed":
                                     "eval.adapt_lr": None, "eval.adapt_params": "all",
                                     "failures.client_timeout": None, "aggregator.weighting": "samples",
                                     "model.projection_dim": 0, "server.state_memory": None,
-                                    "split.fraction": 1.0, "clients.batched": "auto", "split.test": "stratified"}
+                                    "split.fraction": 1.0, "clients.batched": "auto", "split.test": "stratified",
+                                    # options added later to a dataset or partitioner (issue 37): absent from older runs
+                                    "partition.min_rule": "move", "partition.class_draw": "deal",
+                                    "dataset.features": "all", "dataset.test_path": None, "dataset.categories": None,
+                                    "dataset.comment": None}
 
 
 def without_neutral_defaults(plain: Dict[str, Any]) -> Dict[str, Any]:
