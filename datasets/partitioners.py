@@ -310,22 +310,47 @@ fixed.params = {
 
 # FedAvg shards ----------------------------------------------------------------------------------------------
 def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups=None,
-           shards_per_client: int = 2) -> List[np.ndarray]:
+           shards_per_client: int = 2, within_class: bool = False) -> List[np.ndarray]:
     """McMahan et al.'s pathological split: sort by label, cut into num_clients * shards_per_client equal shards
-    (sizes differ by at most one), give each client shards_per_client random shards. Every sample is used."""
+    (sizes differ by at most one), give each client shards_per_client random shards. Every sample is used.
+
+    ``within_class``: every shard holds one class -- each class is cut into num_clients * shards_per_client /
+    num_classes equal shards (FedRep's ``noniid``, which the PCFL authors' CIFAR-10 clients come from: 150 clients x 5
+    shards of 66-67 images); a client may draw two shards of one class, as there."""
     n = len(labels)
     num_shards = num_clients * shards_per_client
     if n < num_shards:
         raise DataError(f"partitioner 'shards': {num_shards} shards need at least {num_shards} samples, "
                         f"the dataset has {n}")
-    order = np.lexsort((rng.random(n), labels))  # by label, random within a label
-    pieces = np.array_split(order, num_shards)
+    if within_class:
+        pieces = _class_shards(labels, num_shards, rng)
+    else:
+        order = np.lexsort((rng.random(n), labels))  # by label, random within a label
+        pieces = np.array_split(order, num_shards)
     deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
     return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
 
 
+def _class_shards(labels: np.ndarray, num_shards: int, rng: np.random.Generator) -> List[np.ndarray]:
+    classes = np.unique(labels)
+    if num_shards % len(classes):
+        raise DataError(f"partitioner 'shards': within_class needs num_clients * shards_per_client ({num_shards}) to "
+                        f"be a multiple of the {len(classes)} classes")
+    per_class = num_shards // len(classes)
+    pieces: List[np.ndarray] = []
+    for c in classes:
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        if len(idx) < per_class:
+            raise DataError(f"partitioner 'shards': class {int(c)} has {len(idx)} samples, fewer than its "
+                            f"{per_class} shards")
+        pieces += np.array_split(idx, per_class)
+    return pieces
+
+
 shards.params = {
     "shards_per_client": Param(2, "label-sorted shards per client (FedAvg: 2)", check=positive),
+    "within_class": Param(False, "cut each class into its own equal shards (FedRep's noniid; PCFL's CIFAR-10 "
+                                 "clients), instead of cutting the label-sorted samples"),
 }
 
 

@@ -471,6 +471,7 @@ NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed":
                                     "split.fraction": 1.0, "clients.batched": "auto", "split.test": "stratified",
                                     # options added later to a dataset or partitioner (issue 37): absent from older runs
                                     "partition.min_rule": "move", "partition.class_draw": "deal",
+                                    "partition.within_class": False,
                                     "dataset.features": "all", "dataset.test_path": None, "dataset.categories": None,
                                     "dataset.comment": None}
 

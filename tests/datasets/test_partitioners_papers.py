@@ -77,3 +77,34 @@ def test_pfllib_rule_that_never_fits_is_one_line(monkeypatch):
     labels = _labels(2, 50)
     with pytest.raises(DataError, match="min_rule=pfllib: no Dir.*5 gave every one of 10 clients 10 samples"):
         dirichlet(labels, 10, np.random.default_rng(0), alpha=0.01, min_size=10, min_rule="pfllib")
+
+
+def test_within_class_shards_are_fedreps_noniid():
+    from pflkit.datasets.partitioners import shards
+    labels = np.random.default_rng(0).permutation(_labels(10, 5000))  # CIFAR-10's 50,000 training images
+    parts = shards(labels, 150, np.random.default_rng(0), shards_per_client=5, within_class=True)
+    sizes = [len(p) for p in parts]
+    assert min(sizes) >= 5 * 66 and max(sizes) <= 5 * 67 and sum(sizes) == 50000  # PCFL's n_i = 333
+    assert all(len(np.unique(labels[p])) <= 5 for p in parts)
+    # every shard is one class: a client's count of each class is a multiple of a shard (66 or 67 images)
+    for p in parts:
+        for count in np.bincount(labels[p]):
+            assert count == 0 or any(count == 66 * a + 67 * b for a in range(6) for b in range(6) if a + b <= 5)
+    # the label-sorted cut (the default) is unchanged by the option's existence
+    a = shards(labels, 150, np.random.default_rng(1), shards_per_client=5)
+    b = shards(labels, 150, np.random.default_rng(1), shards_per_client=5, within_class=False)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(DataError, match="multiple of the 10 classes"):
+        shards(labels, 7, np.random.default_rng(0), shards_per_client=3, within_class=True)
+
+
+def test_lenet_dropout_is_fedreps_cifar_cnn_and_absent_at_zero():
+    import torch
+    from pflkit.models.lenet import lenet
+    plain = lenet((3, 32, 32), 10)
+    fedrep = lenet((3, 32, 32), 10, hidden=[120, 64], dropout=0.6)
+    assert list(plain.state_dict()) == list(lenet((3, 32, 32), 10, dropout=0.0).state_dict())
+    assert not any(isinstance(m, torch.nn.Dropout) for m in plain.modules())
+    drops = [m for m in fedrep.modules() if isinstance(m, torch.nn.Dropout)]
+    assert len(drops) == 1 and drops[0].p == 0.6
+    assert (fedrep.head.in_features, fedrep.head.out_features) == (64, 10)
