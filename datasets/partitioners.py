@@ -28,15 +28,20 @@ iid.params = {}
 
 
 def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups=None, alpha: float = 0.1,
-              min_size: int = 10) -> List[np.ndarray]:
+              min_size: int = 10, min_rule: str = "move") -> List[np.ndarray]:
     """Label skew: each class is split across clients with proportions ~ Dir(alpha).
 
-    Minimum size guarantee without unbounded resampling: proportions are drawn once per class, then clients
-    below ``min_size`` take samples from the largest clients (from the classes those hold most of), which
-    always terminates and keeps the partition exact.
+    ``min_rule = move`` (default): a minimum size without unbounded resampling -- proportions are drawn once per
+    class, then clients below ``min_size`` take samples from the largest clients (from the classes those hold most
+    of), which always terminates and keeps the partition exact. ``min_rule = pfllib``: PFLlib's rule, which the
+    papers that used PFLlib (FedCP, FedSA) partitioned with -- a client that already holds N / num_clients samples
+    gets none of the classes dealt after that, and the whole partition is drawn again until every client holds
+    ``min_size`` (PFLlib's ``least_samples``: batch_size / (1 - train ratio) = 40 at batch 10 and a 75/25 split).
     """
     n = len(labels)
     _check_enough(n, num_clients, min_size)
+    if min_rule == "pfllib":
+        return _dirichlet_pfllib(labels, num_clients, rng, alpha, min_size)
     owner = np.empty(n, dtype=np.int64)
     for c in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == c))
@@ -62,19 +67,51 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, gr
     return [np.flatnonzero(owner == k) for k in range(num_clients)]
 
 
+PFLLIB_MAX_DRAWS = 10_000  # PFLlib redraws without a bound; a setting that never fits is one line, not a hang
+
+
+def _dirichlet_pfllib(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float,
+                      min_size: int) -> List[np.ndarray]:
+    """PFLlib's Dirichlet partition (``min_rule = pfllib``): classes dealt in label order, each with fresh
+    proportions ~ Dir(alpha) restricted to the clients below N / num_clients samples; redrawn until the smallest
+    client holds ``min_size``."""
+    n, classes = len(labels), np.unique(labels)
+    cap = n / num_clients
+    for _ in range(PFLLIB_MAX_DRAWS):
+        parts: List[List[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        for c in classes:
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            props = rng.dirichlet(np.full(num_clients, alpha)) * (sizes < cap)
+            cuts = (np.cumsum(props / props.sum()) * len(idx)).astype(int)[:-1]
+            for client, chunk in enumerate(np.split(idx, cuts)):
+                parts[client].append(chunk)
+                sizes[client] += len(chunk)
+        if sizes.min() >= min_size:
+            return [np.sort(np.concatenate(p)) for p in parts]
+    raise DataError(f"partition.min_rule=pfllib: no Dir({alpha}) draw in {PFLLIB_MAX_DRAWS:,} gave every one of "
+                    f"{num_clients} clients {min_size} samples; lower partition.min_size or raise partition.alpha")
+
+
 dirichlet.params = {
     "alpha": Param(0.1, "Dirichlet concentration (smaller = more skew)", check=positive),
     "min_size": Param(10, "minimum samples per client (guaranteed)", check=lambda v: None if v >= 1 else "must be >= 1"),
+    "min_rule": Param("move", "how min_size is met: move (samples move from the largest clients, one draw) or "
+                              "pfllib (PFLlib's: full clients take no further class, redraw until every client "
+                              "holds min_size)", choices=("move", "pfllib")),
 }
 
 
 def pathological(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups=None,
                  classes_per_client: int = 2, balance: bool = True,
-                 size_sigma: Optional[float] = None) -> List[np.ndarray]:
+                 size_sigma: Optional[float] = None, class_draw: str = "deal") -> List[np.ndarray]:
     """Each client holds ``classes_per_client`` classes; each class is divided among the clients holding it.
 
-    Classes are dealt round-robin over a shuffled class order, so every class is used and every client gets
-    exactly ``classes_per_client`` distinct classes (when there are at least that many classes).
+    ``class_draw = deal`` (default): classes are dealt round-robin over a shuffled class order, so every class is
+    used and every client gets exactly ``classes_per_client`` distinct classes (when there are at least that many
+    classes). ``class_draw = independent``: each client draws its ``classes_per_client`` distinct classes uniformly
+    at random, independently of the others (FedCAC's authors' code: "each client is randomly assigned two
+    classes"), so clients' class sets overlap partially and at random and a class may go unused.
     ``size_sigma`` (PCFL's "K clients, S classes each, log-normal sizes"): client k draws w_k ~ LogNormal(0, sigma)
     and every class is divided among its holders in proportion to their w_k, so client sizes are log-normally
     spread; it takes precedence over ``balance``.
@@ -82,13 +119,18 @@ def pathological(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
     classes = np.unique(labels)
     if classes_per_client > len(classes):
         raise DataError(f"classes_per_client={classes_per_client} exceeds the {len(classes)} classes available")
-    order = rng.permutation(classes)
     holders = {int(c): [] for c in classes}
-    slot = 0
-    for client in range(num_clients):
-        for _ in range(classes_per_client):
-            holders[int(order[slot % len(order)])].append(client)
-            slot += 1
+    if class_draw == "independent":
+        for client in range(num_clients):
+            for c in rng.choice(classes, size=classes_per_client, replace=False):
+                holders[int(c)].append(client)
+    else:
+        order = rng.permutation(classes)
+        slot = 0
+        for client in range(num_clients):
+            for _ in range(classes_per_client):
+                holders[int(order[slot % len(order)])].append(client)
+                slot += 1
     parts: List[List[np.ndarray]] = [[] for _ in range(num_clients)]
     weight = rng.lognormal(0.0, size_sigma, num_clients) if size_sigma is not None else None
     for c, owners in holders.items():
@@ -120,6 +162,10 @@ pathological.params = {
     "size_sigma": Param(None, "log-normal client sizes: each class is split among its holders in proportion to "
                               "w_k ~ LogNormal(0, size_sigma) (PCFL's CIFAR-10/FEMNIST setting); null = off",
                         type=float, check=lambda v: None if v > 0 else "must be > 0 (or null for off)"),
+    "class_draw": Param("deal", "how clients get their classes: deal (round-robin over a shuffled order: every "
+                                "class used, as evenly as possible) or independent (each client draws its own at "
+                                "random: partial, random overlaps, as FedCAC's authors)",
+                        choices=("deal", "independent")),
 }
 
 
@@ -264,22 +310,47 @@ fixed.params = {
 
 # FedAvg shards ----------------------------------------------------------------------------------------------
 def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups=None,
-           shards_per_client: int = 2) -> List[np.ndarray]:
+           shards_per_client: int = 2, within_class: bool = False) -> List[np.ndarray]:
     """McMahan et al.'s pathological split: sort by label, cut into num_clients * shards_per_client equal shards
-    (sizes differ by at most one), give each client shards_per_client random shards. Every sample is used."""
+    (sizes differ by at most one), give each client shards_per_client random shards. Every sample is used.
+
+    ``within_class``: every shard holds one class -- each class is cut into num_clients * shards_per_client /
+    num_classes equal shards (FedRep's ``noniid``, which the PCFL authors' CIFAR-10 clients come from: 150 clients x 5
+    shards of 66-67 images); a client may draw two shards of one class, as there."""
     n = len(labels)
     num_shards = num_clients * shards_per_client
     if n < num_shards:
         raise DataError(f"partitioner 'shards': {num_shards} shards need at least {num_shards} samples, "
                         f"the dataset has {n}")
-    order = np.lexsort((rng.random(n), labels))  # by label, random within a label
-    pieces = np.array_split(order, num_shards)
+    if within_class:
+        pieces = _class_shards(labels, num_shards, rng)
+    else:
+        order = np.lexsort((rng.random(n), labels))  # by label, random within a label
+        pieces = np.array_split(order, num_shards)
     deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
     return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
 
 
+def _class_shards(labels: np.ndarray, num_shards: int, rng: np.random.Generator) -> List[np.ndarray]:
+    classes = np.unique(labels)
+    if num_shards % len(classes):
+        raise DataError(f"partitioner 'shards': within_class needs num_clients * shards_per_client ({num_shards}) to "
+                        f"be a multiple of the {len(classes)} classes")
+    per_class = num_shards // len(classes)
+    pieces: List[np.ndarray] = []
+    for c in classes:
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        if len(idx) < per_class:
+            raise DataError(f"partitioner 'shards': class {int(c)} has {len(idx)} samples, fewer than its "
+                            f"{per_class} shards")
+        pieces += np.array_split(idx, per_class)
+    return pieces
+
+
 shards.params = {
     "shards_per_client": Param(2, "label-sorted shards per client (FedAvg: 2)", check=positive),
+    "within_class": Param(False, "cut each class into its own equal shards (FedRep's noniid; PCFL's CIFAR-10 "
+                                 "clients), instead of cutting the label-sorted samples"),
 }
 
 

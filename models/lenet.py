@@ -11,7 +11,7 @@ from .base import PROJECTION_PARAM, SplitModel, flat_size, split_model
 
 
 def lenet(input_shape: Sequence[int], num_classes: int, channels: list = None, hidden: list = None,
-          projection_dim: int = 0) -> SplitModel:
+          projection_dim: int = 0, dropout: float = 0.0) -> SplitModel:
     """FedC2I's LeNet (Table 7): two unpadded 5x5 convolutions of 64 channels, each with ReLU and 2x2
     max-pooling, then FC(384)-ReLU-FC(192)-ReLU and the FC(num_classes) classifier.
 
@@ -21,6 +21,9 @@ def lenet(input_shape: Sequence[int], num_classes: int, channels: list = None, h
     Layers 1-6 are the feature extractor theta (feature_dim 192) and layer 8 the classifier phi. Convolutions are
     unpadded, so the first FC's input size follows from the image size: the table's 64*13*13 is that of 64x64
     inputs (32x32 inputs give 64*5*5); it is computed, not hard-coded.
+
+    ``hidden = [120, 64]`` with ``dropout = 0.6`` (dropout after the second FC layer's ReLU) is FedRep's CNNCifar,
+    the PCFL authors' CIFAR-10 "two-layer CNN".
     """
     c1, c2 = (64, 64) if channels is None else channels
     h1, h2 = (384, 192) if hidden is None else hidden
@@ -28,7 +31,8 @@ def lenet(input_shape: Sequence[int], num_classes: int, channels: list = None, h
         nn.Conv2d(input_shape[0], c1, kernel_size=5), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2),
         nn.Conv2d(c1, c2, kernel_size=5), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2), nn.Flatten())
     flat = flat_size(conv, input_shape)
-    features = nn.Sequential(*conv, nn.Linear(flat, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU())
+    drop = [nn.Dropout(dropout)] if dropout > 0 else []  # no module at 0: the state and the numbers stay as they were
+    features = nn.Sequential(*conv, nn.Linear(flat, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU(), *drop)
     return split_model(features, h2, num_classes, projection_dim)
 
 
@@ -43,4 +47,6 @@ lenet.params = {
     "hidden": Param([384, 192], "widths of the two FC feature layers (Table 7: 384, 192)", type=list,
                     check=_two_positive_ints),
     "projection_dim": PROJECTION_PARAM,
+    "dropout": Param(0.0, "dropout rate after the second FC layer (FedRep's CIFAR CNN: 0.6); 0 = none", type=float,
+                     check=lambda v: None if 0 <= v < 1 else "must lie in [0, 1)"),
 }

@@ -47,7 +47,9 @@ class DatasetBundle:
 
     ``groups`` (optional) gives each sample's natural owner (a domain, a writer, a synthetic client); the
     ``by_group`` partitioners use it. ``transform`` runs on each batch on the device (e.g. uint8 -> normalised
-    float), so large image sets stay compact in memory.
+    float), so large image sets stay compact in memory. ``test_rows`` (optional, one bool per sample) marks the
+    samples of the dataset's own test set (Adult's ``adult.test``): with ``split.test = dataset`` each client is
+    tested on exactly its samples marked there and trains on the rest, instead of a stratified share of its samples.
     """
 
     x: torch.Tensor
@@ -59,12 +61,17 @@ class DatasetBundle:
     transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
     class_names: Optional[List[str]] = None
     meta: Dict[str, Any] = field(default_factory=dict)
+    test_rows: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         if len(self.x) != len(self.y):
             raise DataError(f"dataset has {len(self.x)} inputs but {len(self.y)} targets")
         if self.groups is not None and len(self.groups) != len(self.y):
             raise DataError("dataset groups must give one group per sample")
+        if self.test_rows is not None and (not isinstance(self.test_rows, torch.Tensor)
+                                           or self.test_rows.dtype != torch.bool
+                                           or tuple(self.test_rows.shape) != (len(self.y),)):
+            raise DataError("dataset test_rows must be a bool tensor with one entry per sample")
 
     @property
     def num_classes(self) -> int:
@@ -288,6 +295,19 @@ def split_train_test(indices: np.ndarray, labels: np.ndarray, rng: np.random.Gen
     return ClientSplit(np.sort(train), np.sort(test))
 
 
+def split_by_dataset(indices: np.ndarray, test_rows: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
+                     fraction: float = 1.0) -> ClientSplit:
+    """``split.test = dataset``: the client's samples that the dataset marks as its own test set (``test_rows``)
+    are its test split, the others its training split; with ``fraction`` < 1 each part keeps that stratified share
+    (at least 1), so the two keep their sizes' proportion."""
+    indices = np.asarray(indices, dtype=np.int64)
+    train, test = indices[~test_rows[indices]], indices[test_rows[indices]]
+    if fraction < 1.0:
+        train, test = (_stratified_take(part, labels, max(1, int(round(len(part) * fraction))), rng) if len(part)
+                       else part for part in (train, test))
+    return ClientSplit(np.sort(train), np.sort(test))
+
+
 def _stratified_take(indices: np.ndarray, labels: np.ndarray, total: int, rng: np.random.Generator) -> np.ndarray:
     labs, counts = np.unique(labels[indices], return_counts=True)
     quota = counts * total / len(indices)
@@ -350,6 +370,16 @@ def partition_indices(cfg: EasyDict, bundle: DatasetBundle) -> List[Any]:
     return [np.asarray(p, dtype=np.int64) for p in parts]
 
 
+def _dataset_test_rows(cfg: EasyDict, bundle: DatasetBundle) -> Optional[np.ndarray]:
+    """The dataset's own test rows when ``split.test = dataset`` (None: the stratified split)."""
+    if cfg.split.get("test", "stratified") != "dataset":
+        return None
+    if bundle.test_rows is None:
+        raise ConfigError(f"split.test: 'dataset' needs a dataset that marks its own test samples; dataset "
+                          f"'{cfg.dataset.name}' does not (with these options) -- use split.test=stratified")
+    return bundle.test_rows.cpu().numpy().astype(bool)
+
+
 def _check_split_sizes(cfg: EasyDict, cid: int, received: int, split: ClientSplit) -> None:
     """Every client trains on at least one sample and is tested on at least one: else the setting that left it
     empty is named (a client without samples has nothing to train on or nothing to score)."""
@@ -361,6 +391,10 @@ def _check_split_sizes(cfg: EasyDict, cid: int, received: int, split: ClientSpli
     if fraction != 1.0:
         raise ConfigError(f"split.fraction: {fraction} leaves client {cid} with {sizes} (it keeps {kept} of its "
                           f"{received}); raise split.fraction or lower partition.num_clients")
+    if cfg.split.get("test", "stratified") == "dataset":
+        raise ConfigError(f"split.test: 'dataset' leaves client {cid} with {sizes} (of its {received}): the "
+                          f"dataset's own test set holds none of its samples or all of them; use "
+                          f"split.test=stratified")
     raise ConfigError(f"split.test_ratio: {cfg.split.test_ratio} leaves client {cid} with {sizes} (of its "
                       f"{received}); change split.test_ratio or give each client more samples (the partitioner's "
                       f"min_size, fewer partition.num_clients)")
@@ -384,13 +418,17 @@ def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
             return fed
         labels = bundle.labels_for_partition()
         rng = np.random.default_rng(derive_seed(partition_seed(cfg), "split"))
+        test_rows = _dataset_test_rows(cfg, bundle)
         splits = []
         for cid, idx in enumerate(parts):
             if len(idx) < 2:
                 raise DataError(f"client {cid} received {len(idx)} samples; it needs at least 2 "
                                 f"(raise the partitioner's min_size or lower partition.num_clients)")
-            split = split_train_test(idx, labels, rng, cfg.split.test_ratio, cfg.split.train_size,
-                                     cfg.split.test_size, cfg.split.get("fraction", 1.0))
+            if test_rows is not None:
+                split = split_by_dataset(idx, test_rows, labels, rng, cfg.split.get("fraction", 1.0))
+            else:
+                split = split_train_test(idx, labels, rng, cfg.split.test_ratio, cfg.split.train_size,
+                                         cfg.split.test_size, cfg.split.get("fraction", 1.0))
             _check_split_sizes(cfg, cid, len(idx), split)
             splits.append(split)
         fed = FederatedData(bundle, splits, name)

@@ -139,6 +139,10 @@ CORE_SCHEMA: Dict[str, Any] = {
         "test_ratio": Param(0.25, "per-client test fraction (stratified by label)", check=open_unit_interval),
         "train_size": Param(None, "fixed train samples per client (with test_size; overrides test_ratio)", type=int),
         "test_size": Param(None, "fixed test samples per client (with train_size)", type=int),
+        "test": Param("stratified", "how each client's test split is chosen: stratified (split.test_ratio of its "
+                                    "samples, by label) or dataset (its samples in the dataset's own test set, e.g. "
+                                    "Adult's adult.test; the dataset must mark them)",
+                      choices=("stratified", "dataset")),
         "fraction": Param(1.0, "keep this stratified fraction of each client's samples before the train/test split "
                                "(smaller, faster experiments with the partition's skew and client sizes kept)",
                           check=open_unit_interval, type=float),
@@ -433,6 +437,9 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
     for key in ("train_size", "test_size"):
         if split[key] is not None and split[key] <= 0:
             raise ConfigError(f"split.{key}: must be > 0")
+    if split.get("test", "stratified") == "dataset" and split["train_size"] is not None:
+        raise ConfigError("split.test=dataset and split.train_size/test_size exclude each other: the dataset's own "
+                          "test set chooses each client's test samples")
     if split["train_size"] is not None and split["fraction"] != 1.0:
         raise ConfigError("split.fraction and split.train_size/test_size exclude each other: fixed sizes already "
                           "choose how many samples a client keeps")
@@ -462,7 +469,12 @@ NEUTRAL_DEFAULTS: Dict[str, Any] = {"train.drop_last": False, "model.init_seed":
                                     "eval.adapt_lr": None, "eval.adapt_params": "all",
                                     "failures.client_timeout": None, "aggregator.weighting": "samples",
                                     "model.projection_dim": 0, "server.state_memory": None,
-                                    "split.fraction": 1.0, "clients.batched": "auto"}
+                                    "split.fraction": 1.0, "clients.batched": "auto", "split.test": "stratified",
+                                    # options added later to a dataset or partitioner (issue 37): absent from older runs
+                                    "partition.min_rule": "move", "partition.class_draw": "deal",
+                                    "partition.within_class": False,
+                                    "dataset.features": "all", "dataset.test_path": None, "dataset.categories": None,
+                                    "dataset.comment": None}
 
 
 def without_neutral_defaults(plain: Dict[str, Any]) -> Dict[str, Any]:

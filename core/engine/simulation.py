@@ -178,7 +178,7 @@ class Simulation(RoundLoop):
         restart = reuse_dir and _resume.restart
         resume_state = None if _resume is None else _resume.state
         run_dir = Path(run_dir) if run_dir else default_run_dir(cfg)
-        seed_everything(cfg.seed)
+        seed_everything(cfg.seed, all_devices=True)
 
         # data and model are checked before anything is written, so bad input leaves no run directory behind;
         # a resumed run reloads its saved partition

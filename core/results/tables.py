@@ -389,4 +389,7 @@ def check_table(table: Table) -> int:
                 except PflError as exc:
                     raise ConfigError(f"{where}: {exc}") from None
                 cells += not quick
+    from .chosen import check_chosen
+
+    check_chosen(table)  # [[chosen]] says only what the table sets
     return cells

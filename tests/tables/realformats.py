@@ -214,7 +214,15 @@ def write_ag_news(root: Path, n_train: int, n_test: int, rng: np.random.Generato
 
 
 # -- Adult (headerless adult.data, UCI's comma-and-space form) -----------------------------------------------------
-def write_adult(root: Path, n: int, rng: np.random.Generator) -> None:
+def write_adult(root: Path, n: int, rng: np.random.Generator, n_test: int = 0) -> None:
+    """``adult.data`` with ``n`` rows and, with ``n_test``, ``adult.test`` as UCI writes it (a first line
+    ``|1x3 Cross validator``, labels with a trailing '.')."""
+    _write_adult_rows(Path(root) / "adult.data", n, rng)
+    if n_test:
+        _write_adult_rows(Path(root) / "adult.test", n_test, rng, test=True)
+
+
+def _write_adult_rows(path: Path, n: int, rng: np.random.Generator, test: bool = False) -> None:
     edu = ["Bachelors", "HS-grad", "Masters", "Doctorate", "Some-college"]
     work = ["Private", "State-gov", "Self-emp-not-inc", "?"]
     rows = []
@@ -225,7 +233,6 @@ def write_adult(root: Path, n: int, rng: np.random.Generator) -> None:
             int(rng.integers(18, 80)), work[int(rng.integers(0, len(work)))], int(rng.integers(20000, 400000)), e,
             9 + edu.index(e), "Never-married", "Adm-clerical", "Not-in-family", "White",
             "Male" if i % 2 else "Female", int(rng.integers(0, 5000)) if rich else 0, 0,
-            int(rng.integers(20, 60)), "United-States", ">50K" if rich else "<=50K"])))
-    path = Path(root) / "adult.data"
+            int(rng.integers(20, 60)), "United-States", (">50K" if rich else "<=50K") + ("." if test else "")])))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(rows) + "\n")
+    path.write_text(("|1x3 Cross validator\n" if test else "") + "\n".join(rows) + "\n")

@@ -12,6 +12,12 @@ them are one step of coefficient 1 - (1 - c)^k, which the server sends with the 
 the paper's communication rate) or applies, for scoring only, in an evaluation. A local step is ``local_steps``
 mini-batch gradient steps (1: the paper's single stochastic gradient), or by default ``train.local_epochs`` epochs
 of the training split (practical, as FedRep's code), each at the paper's step size. With p = 0 it is Local.
+
+``aggregator.variant = fedrep_script`` runs instead what FedRep's ``main_l2gd.py`` computes, the script PCFL's
+Table 3 L2GD number came from (with p = 0.9 as that script hard-codes): its averaging step pulls by
+c = lr lambda = alpha lambda / (n (1 - p)) instead of the paper's alpha lambda / (n p), and its "average" counts the
+round's first client twice, x_bar = (x_first + sum_i x_i) / n (``equations.script_mean``). On two clients that is
+c = 2.5 > 1: the models oscillate with growing amplitude, which is why a correct L2GD does not reproduce that number.
 """
 from __future__ import annotations
 
@@ -22,10 +28,10 @@ from itertools import islice
 from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, State, clone_state,
                          load_into, make_optimizer, non_negative, positive, run_sgd)
 
-from .equations import (averaging_coefficient, local_step_size, pull_toward, repeated_coefficient)
+from .equations import (averaging_coefficient, local_step_size, pull_toward, repeated_coefficient, script_mean)
 
 __all__ = ["L2GDTrainer", "L2GDAggregator", "ALGORITHM", "local_step_size", "averaging_coefficient",
-           "repeated_coefficient", "pull_toward"]
+           "repeated_coefficient", "pull_toward", "script_mean"]
 
 
 class L2GDTrainer(LocalSGDTrainer):
@@ -72,8 +78,14 @@ class L2GDTrainer(LocalSGDTrainer):
         return {"num_samples": self.ctx.num_train, "train_loss": self.local_update()}
 
     def on_average(self, payload: Dict[str, Any]) -> Dict[str, Any]:
-        """The first averaging step after a local step: the server needs every x_i to form x_bar."""
+        """The first averaging step after a local step: the server needs every x_i to form x_bar (pending pulls
+        first: the fedrep_script variant averages again after each pull)."""
+        self.pull(payload, self.model)
         return {"params": self.upload(), "num_samples": self.ctx.num_train}
+
+    def on_share(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        """fedrep_script variant: the round's first client sends x_i once more (the script counts it twice)."""
+        return {"own": self.upload()}
 
     def on_evaluate(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         if payload.get("mean") is not None:  # score x_i after the pending pulls without keeping them
@@ -104,11 +116,20 @@ class L2GDAggregator(ServerAggregator):
         "lam": Param(0.5, "lambda, the weight of the pull toward the mean (FedRep's code: 0.5); an averaging step "
                           "moves x_i by c = alpha lambda/(n p) of the way to x_bar (c must be <= 1)",
                      check=non_negative),
+        "variant": Param("paper", "paper: Algorithm 1; fedrep_script: what FedRep's main_l2gd.py computes (pull "
+                                  "c = alpha lambda/(n (1 - p)), the first client counted twice in the mean; no "
+                                  "c <= 1 check, so it can diverge), for comparing with numbers made by that script",
+                         choices=("paper", "fedrep_script")),
     }
     mean_fields = ("params",)  # x_bar is the plain mean of the uploads: folded as they arrive (core/api/fold.py)
 
     def reply_weight(self, reply: Dict[str, Any]) -> float:
         return 1.0  # x_bar = (1/n) sum_i x_i, Algorithm 1: every client counts once
+
+    def reply_layout(self, kind: str, field: str):
+        if field == "own":  # the fedrep_script variant's second upload of x_first: the whole model
+            return self.model_layout("state")
+        return super().reply_layout(kind, field)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -118,8 +139,12 @@ class L2GDAggregator(ServerAggregator):
             raise ConfigError("participation.join_ratio: L2GD needs full participation (every client takes every "
                               "step); set join_ratio=1 and random_join_ratio=null")
         self.p, self.lr = float(hp.p), local_step_size(float(hp.alpha), n, float(hp.p))
-        self.c = averaging_coefficient(float(hp.alpha), float(hp.lam), n, self.p) if self.p > 0 else 0.0
-        if self.c > 1:
+        self.script = hp.get("variant", "paper") == "fedrep_script"
+        if self.script:  # the script's pull: lr * lambda, with its lr = alpha / (n (1 - p))
+            self.c = self.lr * float(hp.lam) if self.p > 0 else 0.0
+        else:
+            self.c = averaging_coefficient(float(hp.alpha), float(hp.lam), n, self.p) if self.p > 0 else 0.0
+        if self.c > 1 and not self.script:
             raise ConfigError(f"aggregator.lam: the averaging coefficient alpha*lam/(n*p) = {self.c:.4g} exceeds 1 "
                               f"(alpha {hp.alpha}, lam {hp.lam}, n {n}, p {hp.p}); lower alpha or lam or raise p")
         self.mean: Optional[State] = None  # x_bar of the last averaging block
@@ -141,6 +166,9 @@ class L2GDAggregator(ServerAggregator):
             comm.send({cid: Message("fit", message) for cid in selected})
             self.pending, self.moved = 0, True
             return
+        if self.script:  # the script's mean moves with every pull: every averaging step collects every x_i again
+            self._script_average(selected, comm)
+            return
         if self.moved:  # x_bar changed: collect every x_i (one upload per averaging block)
             replies = comm.send({cid: Message("average") for cid in selected})
             if replies:
@@ -149,6 +177,19 @@ class L2GDAggregator(ServerAggregator):
             return
         if self.mean is not None:
             self.pending += 1  # x_bar unchanged: a further averaging step costs no communication
+
+    def _script_average(self, selected: Sequence[int], comm) -> None:
+        """fedrep_script: x_i pulled by the pending step, then x_bar = (x_first + sum_i x_i) / n, the round's first
+        client drawn at random (the script's random client order)."""
+        replies = comm.send({cid: Message("average", self._pull()) for cid in selected})
+        if not replies:
+            return
+        first = int(self.ctx.rng.choice(sorted(replies)))
+        shared = comm.send({first: Message("share")})
+        if first not in shared:
+            return
+        self.mean = script_mean(self.mean_of(replies), shared[first]["own"], len(replies))
+        self.pending, self.moved = 1, False
 
     def configure_evaluate(self, rnd: int, clients: Sequence[int]) -> Dict[int, Message]:
         return {cid: Message("evaluate", self._pull()) for cid in clients}

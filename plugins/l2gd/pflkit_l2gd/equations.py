@@ -30,6 +30,12 @@ def repeated_coefficient(c: float, steps: int) -> float:
     return 1.0 - (1.0 - c) ** steps
 
 
+def script_mean(mean: Dict[str, torch.Tensor], first: Dict[str, torch.Tensor], n: int) -> Dict[str, torch.Tensor]:
+    """FedRep's main_l2gd.py "average": (x_first + sum_i x_i) / n = mean + x_first / n, the round's first client
+    counted twice (floating-point entries; others as in ``mean``)."""
+    return {k: (v + first[k] / n) if v.is_floating_point() else v for k, v in mean.items()}
+
+
 def pull_toward(x: Dict[str, torch.Tensor], mean: Dict[str, torch.Tensor], coef: float) -> Dict[str, torch.Tensor]:
     """(1 - coef) x + coef x_bar for the floating-point entries of ``x`` (integer buffers such as BN batch
     counters are not parameters of the problem and stay as they are)."""

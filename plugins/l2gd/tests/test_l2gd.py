@@ -120,3 +120,49 @@ def test_one_stochastic_step_per_local_step(tmp_path):
 @pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
 def test_two_workers_give_the_serial_numbers(tmp_path):
     assert_workers_match_serial("l2gd", OVER, tmp_path)
+
+
+# -- the fedrep_script variant: what FedRep's main_l2gd.py computes (PCFL Table 3's L2GD number) -------------------
+def test_script_mean_counts_the_first_client_twice():
+    from pflkit_l2gd import script_mean
+    mean = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
+    out = script_mean(mean, {"w": torch.tensor([4.0, 0.0]), "n": torch.tensor(9)}, 2)
+    assert torch.allclose(out["w"], torch.tensor([3.0, 2.0])) and int(out["n"]) == 3
+
+
+class _ScriptComm(_Comm):
+    def send(self, messages, accounted=True):
+        self.sent.append({c: (m.kind, dict(m.payload)) for c, m in messages.items()})
+        out = {}
+        for c, m in messages.items():
+            x = {"w": torch.full((2,), float(c))}
+            out[c] = ({"params": x, "num_samples": 1} if m.kind == "average" else {"own": x} if m.kind == "share"
+                      else {"num_samples": 1, "train_loss": 0.0})
+        return out
+
+
+def test_fedrep_script_variant_pulls_by_lr_lambda_and_averages_every_step(tmp_path):
+    over = {"rounds": 4, "aggregator": {"p": 0.5, "alpha": 0.4, "lam": 2.0, "variant": "fedrep_script"}}
+    sim = Simulation(tiny_config("l2gd", over), run_dir=tmp_path / "r", tensorboard=False)
+    agg, comm, clients = sim.server, _ScriptComm(), [0, 1, 2, 3]
+    lr = local_step_size(0.4, 4, 0.5)
+    assert agg.c == pytest.approx(lr * 2.0)  # the script's lr * lambda, not alpha * lambda / (n p)
+    coins = iter([0.9, 0.1, 0.1])
+    agg.ctx.rng = type("R", (), {"random": lambda self: next(coins), "choice": lambda self, xs: xs[2]})()
+    agg.ctx.logger = None
+    agg.run_round(1, clients, comm)  # local step
+    agg.run_round(2, clients, comm)  # averaging: every x_i, then client 2 once more; mean = (2 + 0+1+2+3) / 4
+    assert [k for k, _ in comm.sent[1].values()] == ["average"] * 4 and comm.sent[2] == {2: ("share", {})}
+    assert torch.allclose(agg.mean["w"], torch.full((2,), 2.0)) and agg.pending == 1
+    agg.run_round(3, clients, comm)  # a second averaging step collects again, the pending pull coming first
+    kinds = comm.sent[3]
+    assert all(k == "average" and p["coef"] == pytest.approx(agg.c) for k, p in kinds.values())
+
+
+def test_fedrep_script_variant_runs_with_its_pull_above_one(tmp_path):
+    # two clients, p = 0.9, alpha 1, lambda 0.5 (PCFL Table 3's L2GD): the script's pull lr * lambda is 2.5, which
+    # Algorithm 1 never takes (its c = alpha lambda / (n p) = 0.28 here; a c above 1 is refused)
+    over = {"rounds": 3, "partition": {"num_clients": 2},
+            "aggregator": {"p": 0.9, "alpha": 1.0, "lam": 0.5, "variant": "fedrep_script"}}
+    sim, summary = tiny_run("l2gd", tmp_path / "script", over)
+    assert sim.server.c == pytest.approx(2.5) and summary["rounds_completed"] == 3
