@@ -40,11 +40,11 @@ def _numbers(text: str) -> List[float]:
 
 def names_value(text: str, value: Any) -> bool:
     """Whether ``text`` names ``value``: a number among its numbers, a string or a bool as a word, every item of a
-    list, None as null/none/off."""
+    list. None (a key left unset: its default, which entries describe in words, "the run seed") always passes."""
     if isinstance(value, bool):
         return re.search(rf"\b{str(value).lower()}\b", text.lower()) is not None
     if value is None:
-        return re.search(r"\b(null|none|off)\b", text.lower()) is not None
+        return True
     if isinstance(value, (int, float)):
         return any(math.isclose(n, float(value), rel_tol=1e-9, abs_tol=0.0) for n in _numbers(text))
     if isinstance(value, (list, tuple)):

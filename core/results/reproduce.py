@@ -233,6 +233,8 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     if missing:
         raise ConfigError("missing data, nothing run: " + "; ".join(missing))
     out_dir = Path(out_dir)
+    for column in table.columns:  # every folder this command writes lies inside --out (ids are plain names)
+        inside_out(out_dir, out_dir / column.id)
     results: Dict[Tuple[str, str], Dict[str, Any]] = {}
     incomplete = 0
     done: Dict[str, Dict[str, Any]] = {}  # columns of one setting scored differently share one comparison
@@ -275,11 +277,21 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     run_dirs = [Path(r["run_dir"]) for c in done.values() for e in c["results"].values() for r in e["runs"]]
     report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick, scale_text, run_dirs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.md").write_text(report["markdown"])
-    (out_dir / "results.csv").write_text(report["csv"])
+    inside_out(out_dir, out_dir / "results.md").write_text(report["markdown"])
+    inside_out(out_dir, out_dir / "results.csv").write_text(report["csv"])
     report["incomplete"] = incomplete
     report["files"] = {"markdown": str(out_dir / "results.md"), "csv": str(out_dir / "results.csv")}
     return report
+
+
+def inside_out(out_dir: Path, path: Path) -> Path:
+    """``path`` when, resolved (links followed), it lies inside ``out_dir``; else a ConfigError: nothing is written
+    outside the folder the user named."""
+    root = Path(out_dir).resolve()
+    target = Path(path).resolve()
+    if target != root and root not in target.parents:
+        raise ConfigError(f"--out {out_dir}: {path} would be written outside it (at {target}); nothing written")
+    return path
 
 
 def estimate_table(table: Table, cols: Sequence[Column], specs: Sequence[str], seeds: Sequence[int], quick: bool,

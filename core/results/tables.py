@@ -32,6 +32,7 @@ through the config resolver (known algorithms, valid option values) without load
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -248,16 +249,36 @@ def _clients(where: str, value: Any, pflkit: str) -> Optional[List[int]]:
     return list(ids)
 
 
+# Ids name folders (``OUT/<column id>``), runs and CSV cells: plain names only, so none can leave --out or forge a line
+MAX_ID = 64
+PLAIN_ID = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,{MAX_ID - 1}}}")
+PLAIN_ID_WORDS = (f"a plain name: letters, digits, '_', '-' and '.' (not first), at most {MAX_ID} characters")
+
+
+def plain_id(where: str, value: str) -> str:
+    """``value`` when it is a plain name (PLAIN_ID), else a ConfigError naming ``where`` and why."""
+    if not PLAIN_ID.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise ConfigError(f"{where}: {shown!r} is not {PLAIN_ID_WORDS}")
+    return value
+
+
+def check_table_name(name: str) -> str:
+    """A table's name is ``plugin:table`` (or one plain name), each part a plain name."""
+    for part in name.split(":", 1):
+        plain_id(f"table name {name!r}", part)
+    return name
+
+
 def _ids(where: str, items: Any, keys: Sequence[str], required: Sequence[str]) -> List[Dict[str, Any]]:
     if not isinstance(items, list) or not items:
         raise ConfigError(f"{where}: expected at least one [[{where}]] entry")
     out, seen = [], set()
     for i, item in enumerate(items):
         entry = _keys(f"{where}[{i}]", item, keys, required)
-        ident = _text(f"{where}[{i}].id", entry["id"])
-        if ident in seen or "," in ident:
-            raise ConfigError(f"{where}[{i}].id: '{ident}' is " + ("listed twice" if ident in seen
-                                                                   else "not a name (no commas)"))
+        ident = plain_id(f"{where}[{i}].id", _text(f"{where}[{i}].id", entry["id"]))
+        if ident in seen:
+            raise ConfigError(f"{where}[{i}].id: '{ident}' is listed twice")
         seen.add(ident)
         out.append(entry)
     return out
@@ -282,6 +303,7 @@ def parse_table(name: str, source: TableFile) -> Table:
 
 
 def _parse(name: str, source: TableFile) -> Table:
+    check_table_name(name)
     data = _keys("file", source.data, TOP_KEYS, ("paper", "metric", "settings", "columns", "rows", "numbers"))
     paper = _keys("paper", data["paper"], PAPER_KEYS, PAPER_KEYS)
     for key in ("title", "venue", "caption"):
