@@ -40,6 +40,7 @@ _EXPORTS: Dict[str, str] = {
     "minibatches": ".api.training", "run_sgd": ".api.training", "clip_gradients": ".api.training",
     "fold_mean": ".api.fold", "Layout": ".api.fold", "layout_of": ".api.fold",
     "BatchedForm": ".api.batching", "BatchedPhase": ".api.batching", "StepInputs": ".api.batching",
+    "BatchedFormError": ".api.batching",
     "trained_names": ".api.batching",
     "ServerClientStore": ".api.serverstore", "same_state": ".api.clientstate",
     "derive_seed": ".common.seeding",

@@ -176,6 +176,7 @@ def test_every_batched_algorithm_has_its_thirty_round_check():
 def test_third_party_trainer_that_changes_only_its_loss_batches(tmp_path, registries_snapshot):
     class Smoothed(LocalSGDTrainer):  # a plugin of the derivable shape: no batching code of its own
         declares_state = True
+        batched_loss_safe = True  # its loss reads only its batch and the model: the one line it needs
 
         def loss(self, x, y):
             return torch.nn.functional.cross_entropy(self.model(x), y, label_smoothing=0.1)

@@ -14,11 +14,24 @@ to the loss after ``x, y``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
+
+
+class BatchedFormError(ValueError):
+    """A batched form or phase whose fields are not what the core can run (one line: the field and why)."""
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _rate(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 @dataclass
@@ -44,6 +57,23 @@ class BatchedPhase:
     # per-step inputs of the loss beyond (x, y): called with the phase's step count on the client's own trainer, in
     # phase order once its batch order is drawn; returns its StepInputs (None: none, the loss gets x, y only)
     inputs: Optional[Callable[[int], Optional["StepInputs"]]] = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.loss):
+            raise BatchedFormError(f"BatchedPhase.loss: {self.loss!r} is not callable")
+        if isinstance(self.trains, str) or not all(isinstance(n, str) for n in self.trains):
+            raise BatchedFormError(f"BatchedPhase.trains: expected a list of tensor names, got {self.trains!r}")
+        if not _count(self.epochs):
+            raise BatchedFormError(f"BatchedPhase.epochs: {self.epochs!r} is invalid: must be a count >= 0")
+        if self.batch_size is not None and not (_count(self.batch_size) and self.batch_size >= 1):
+            raise BatchedFormError(f"BatchedPhase.batch_size: {self.batch_size!r} is invalid: must be an integer "
+                                   f">= 1 (or None: train.batch_size)")
+        if self.lr is not None and not _rate(self.lr):
+            raise BatchedFormError(f"BatchedPhase.lr: {self.lr!r} is invalid: must be a finite number > 0 (or None: "
+                                   f"train.lr)")
+        for name, lr in (self.lrs or {}).items():
+            if not _rate(lr):
+                raise BatchedFormError(f"BatchedPhase.lrs[{name!r}]: {lr!r} is invalid: must be a finite number > 0")
 
 
 @dataclass
@@ -72,6 +102,15 @@ class BatchedForm:
     phases: List[BatchedPhase]
     reply: Callable[[List[float], Dict[str, torch.Tensor], Dict[str, float]], Dict[str, Any]]
     eval_modules: Sequence[str] = ()  # modules the local update runs in eval mode (the others train)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.modules, dict) or not self.modules or \
+                not all(isinstance(m, nn.Module) for m in self.modules.values()):
+            raise BatchedFormError(f"BatchedForm.modules: expected {{name: nn.Module}}, got {self.modules!r}"[:200])
+        if not isinstance(self.phases, (list, tuple)) or not all(isinstance(p, BatchedPhase) for p in self.phases):
+            raise BatchedFormError("BatchedForm.phases: expected a list of BatchedPhase")
+        if not callable(self.reply):
+            raise BatchedFormError("BatchedForm.reply: expected a callable (losses, start, aux) -> reply")
 
 
 def trained_names(module: nn.Module, prefix: str, under: Optional[str] = None) -> List[str]:

@@ -99,7 +99,26 @@ def form_reason(trainer_cls: type) -> Optional[str]:
         if owner is not None and not issubclass(form_owner, owner):
             return (f"{owner.__name__} overrides {method}() and declares no batched_form() for it (a LocalSGDTrainer "
                     f"that changes only loss, data_loss or shared_keys batches with no code of its own)")
+    for method in LOSS_PATH:  # a loss changed below the class whose form runs it: batched only where declared safe
+        owner = _definer(trainer_cls, method, wrappers)
+        if owner is not None and owner is not form_owner and issubclass(owner, form_owner) \
+                and not loss_declared_safe(owner):
+            return (f"{owner.__name__} overrides {method}() without declaring it batch-safe "
+                    f"(batched_loss_safe = True in its class body, when the loss reads nothing per client beyond its "
+                    f"batch and its modules' tensors: docs/batched-clients.md)")
     return None
+
+
+LOSS_PATH = ("loss", "data_loss")
+
+
+def loss_declared_safe(owner: type) -> bool:
+    """Whether the class that defines a loss (``owner``), or a class of its own package above it, declares the loss
+    batch-safe (``batched_loss_safe = True`` in that class's body): it reads nothing per client beyond its batch and
+    the modules' tensors, so the batched path may run it with each client's tensors substituted."""
+    package = owner.__module__.split(".")[0]
+    return any(vars(k).get("batched_loss_safe") is True and k.__module__.split(".")[0] == package
+               for k in owner.__mro__)
 
 
 def trainer_batches(trainer_cls: type) -> Tuple[bool, str]:
@@ -349,6 +368,8 @@ def probe(trainer: LocalSGDTrainer) -> Optional[str]:
         return f"its batched_form() raised {type(exc).__name__}: {exc}"
     if form is None:
         return f"{type(trainer).__name__}.batched_form() returns None"
+    if not isinstance(form, BatchedForm):
+        return f"{type(trainer).__name__}.batched_form() returns {type(form).__name__}, not a BatchedForm"
     if len(data) == 0:
         return None
     tensors = form_tensors(form)
@@ -731,6 +752,7 @@ class BatchedRunner:
     free: Optional[Callable[[torch.device], Optional[int]]] = None  # free device memory (tests stand in for a GPU)
     groups_run: int = 0  # batched groups trained so far (tests and the benchmark read these)
     fallbacks: int = 0  # groups that raised or timed out and ran again client by client
+    verified: bool = False  # the stack was checked against one client at a time (once per process: start, resume)
     _bound: Optional[int] = field(default=None, repr=False)
     _bound_known: bool = field(default=False, repr=False)
 
@@ -776,6 +798,9 @@ class BatchedRunner:
                 trainer.ctx.generator.manual_seed(call.seed)
                 trainer.batched_begin(call.message.payload)
                 form = trainer.batched_form()
+                if not isinstance(form, BatchedForm):
+                    raise TypeError(f"{type(trainer).__name__}.batched_form() returned {type(form).__name__}, not "
+                                    f"a BatchedForm")
                 state = {n: t.detach().clone() for n, t in form_tensors(form).items()}
                 plans = [client_plan(trainer, ph.epochs, ph.batch_size, ph.drop_last) for ph in form.phases]
                 # per-step inputs beyond the batch, drawn on the client's own trainer, phase after phase
@@ -812,6 +837,19 @@ class BatchedRunner:
                    spent: Dict[int, float]) -> Iterator[Any]:
         from .backend import CallResult
 
+        if not self.plan.batched:  # refused by the self-check earlier in this round
+            for cid in group:
+                yield backend._run_one(cid, calls[cid], False)
+            return
+        if not self.verified and len(group) > 1:
+            mismatch = verify_stack(backend, group, prepared)
+            if mismatch is None:
+                self.verified = True
+            else:
+                self._refuse(mismatch)
+                for cid in group:  # as the fallback below: each client's message again, one at a time
+                    yield backend._run_one(cid, calls[cid], False)
+                return
         start = time.perf_counter()
         limit = backend.client_timeout
         try:
@@ -859,6 +897,98 @@ class BatchedRunner:
             err = backend.batched_release(cid)
             result.seconds = spent.get(cid, 0.0) + share + time.perf_counter() - t0
             yield result if err is None else err
+
+
+    def _refuse(self, mismatch: str) -> None:
+        """The stack computed other numbers than one client at a time: ``on`` stops the run with one line; ``auto``
+        trains one client after another from here on, and says so once."""
+        if self.plan.mode == "on":
+            raise ConfigError(f"clients.batched=on: {mismatch}; batching would change this trainer's numbers, so "
+                              f"it is refused (use clients.batched=auto or off)")
+        self.plan.batched = False
+        self.plan.reason = f"auto: batching refused by its self-check ({mismatch})"
+        log.warning("clients.batched=auto: %s; training one client after another from here on", mismatch)
+
+
+VERIFY_RTOL, VERIFY_ATOL = 1e-3, 1e-5  # float rounding between a vectorised and a plain pass is far below these
+
+
+def verify_stack(backend: Any, group: List[int], prepared: Dict[int, Any]) -> Optional[str]:
+    """One step of two clients of ``group``, stacked (the batched path's own computation: the group's form, each
+    client's tensors substituted) and one at a time (each client's own trainer and form, as the sequential path runs
+    it), from the same state and mini-batch: None when the losses and gradients agree within float tolerance, else
+    what differs. Catches a loss that reads per-client state the stack does not substitute (one client's for every
+    client) or reaches parameters outside its modules (a term the stack drops). Changes no state and draws no
+    random numbers: each trainer's tensors are put back as they were."""
+    pair = group[:2]
+    form = prepared[group[0]][4]  # the form train_stacked runs for the whole group
+    phase_at = next((i for i, _ in enumerate(form.phases)
+                     if all(_first_batch(prepared[c][1][i]) is not None for c in pair)), None)
+    if phase_at is None:
+        return None  # no step to compare (empty clients)
+    phase = form.phases[phase_at]
+    names = list(prepared[pair[0]][0])
+    trains = [n for n in names if n in set(phase.trains)]
+    consts = [n for n in names if n not in set(phase.trains)]
+    batches = []
+    for c in pair:
+        idx = _first_batch(prepared[c][1][phase_at])
+        x, y = prepared[c][2].train.batch(idx)
+        st = prepared[c][5][phase_at]
+        extra = tuple(st.source.batch(st.index[0])) if st is not None and len(st.index) else ()
+        batches.append((x, y, extra))
+    # stacked: the batched path's computation for both clients at once
+    holder = _Modules(form.modules)
+    for name, module in form.modules.items():
+        module.train(name not in form.eval_modules)
+    grads = _Grads(holder, phase.loss, trains, consts, phase.aux)
+    P = [torch.stack([prepared[c][0][n] for c in pair]) for n in trains]
+    C = [torch.stack([prepared[c][0][n] for c in pair]) for n in consts]
+    stacked_grads, value = grads.solo(P, C, [b[0] for b in batches], [b[1] for b in batches],
+                                      [b[2] for b in batches])
+    stacked_loss = value[0] if phase.aux else value
+    for i, c in enumerate(pair):
+        trainer = backend.batched_bind(c, False)
+        try:
+            own = prepared[c][4]
+            tensors = form_tensors(own)
+            with torch.no_grad():
+                for n, t in tensors.items():
+                    t.copy_(prepared[c][0][n])
+            for name, module in own.modules.items():
+                module.train(name not in own.eval_modules)
+            x, y, extra = batches[i]
+            with torch.enable_grad():
+                out = own.phases[phase_at].loss(x, y, *extra)
+                loss = out[0] if phase.aux else out
+                leaves = [tensors[n] for n in trains]
+                got = torch.autograd.grad(loss, leaves, allow_unused=True)
+            what = type(trainer).__name__
+            if not torch.allclose(loss.detach().reshape(()), stacked_loss[i].detach().reshape(()),
+                                  rtol=VERIFY_RTOL, atol=VERIFY_ATOL):
+                return (f"trainer {what}: client {c}'s loss is {float(loss.detach()):.6g} one client at a time but "
+                        f"{float(stacked_loss[i]):.6g} stacked (a loss that reads per-client state)")
+            for n, g, s in zip(trains, got, stacked_grads):
+                g = torch.zeros_like(s[i]) if g is None else g
+                if not torch.allclose(g, s[i], rtol=VERIFY_RTOL, atol=VERIFY_ATOL):
+                    return (f"trainer {what}: client {c}'s gradient of {n} differs stacked from one client at a "
+                            f"time (max {float((g - s[i]).abs().max()):.3g}: a loss that reads per-client state or "
+                            f"reaches parameters outside its modules)")
+        finally:
+            with torch.no_grad():
+                for n, t in form_tensors(prepared[c][4]).items():
+                    t.copy_(prepared[c][0][n])
+            backend.batched_release(c)
+    return None
+
+
+def _first_batch(plan: ClientPlan) -> Optional[torch.Tensor]:
+    for epoch, full in enumerate(plan.full):
+        if full:
+            return full[0]
+        if plan.last[epoch] is not None:
+            return plan.last[epoch]
+    return None
 
 
 def plan_from_config(cfg: Any, trainer_cls: type, device: torch.device, make_trainer: Callable[[], Any]
