@@ -334,7 +334,45 @@ def load_dataset(cfg: EasyDict) -> DatasetBundle:
                         f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
     if not isinstance(bundle, DatasetBundle):
         raise DataError(f"dataset '{cfg.dataset.name}' returned {type(bundle).__name__}, not a DatasetBundle")
+    check_bundle_values(cfg.dataset.name, bundle)
     return bundle
+
+
+def check_bundle_values(name: str, bundle: DatasetBundle) -> None:
+    """A dataset's values are checked once, when it is loaded, so a broken loader is named here and not blamed
+    later on a trainer's loss, the partitioner or the privacy guard: a classification label must be an integer in
+    ``0 .. num_classes - 1``, and float inputs and regression targets must be finite (NaN or inf in a sample is
+    almost always a loader's bug: it turns every model it touches into NaN)."""
+    what = f"dataset '{name}' (its pooled samples, before they are split into clients)"
+    y = bundle.y
+    if bundle.task.kind == "classification":
+        if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+            raise DataError(f"{what}: labels are {y.dtype}, a classification dataset needs integer labels "
+                            f"0 .. {bundle.num_classes - 1} (e.g. y.long() in the loader)")
+        flat = y.reshape(-1)
+        bad = torch.nonzero((flat < 0) | (flat >= bundle.num_classes)).flatten()
+        if len(bad):
+            sample = int(bad[0]) // max(1, flat.numel() // max(1, len(y)))
+            raise DataError(f"{what}: label {int(flat[bad[0]])} of sample {sample} is outside the valid range "
+                            f"0 .. {bundle.num_classes - 1} (classification({bundle.num_classes})); {len(bad)} "
+                            f"label(s) are out of range")
+    elif y.is_floating_point() or y.is_complex():
+        _check_finite(what, "target", y)
+    if bundle.x.is_floating_point() or bundle.x.is_complex():
+        _check_finite(what, "input", bundle.x)
+
+
+def _check_finite(what: str, part: str, values: torch.Tensor) -> None:
+    """Every sample's values finite, else one line: how many samples hold NaN or inf and the first one's index."""
+    if not len(values):
+        return
+    broken = ~torch.isfinite(values.reshape(len(values), -1)).all(dim=1)
+    count = int(broken.sum())
+    if count:
+        first = int(torch.nonzero(broken)[0, 0])
+        raise DataError(f"{what}: {count} of {len(values)} samples hold NaN or infinite {part} values (the first is "
+                        f"sample {first}); fix the loader (drop or impute them) -- such samples make every model "
+                        f"NaN")
 
 
 def _takes_dataset(fn: Callable) -> bool:

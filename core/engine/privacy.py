@@ -19,8 +19,9 @@ What it guarantees (checked on every reply, before the server, the logs or the b
    (a polynomial hash of each row, compared at every offset with a rolling hash in linear time); each candidate
    match is then confirmed exactly against the client's data, so no model is refused by chance. Rows of fewer
    than ``MIN_ROW_VALUES`` values and constant rows or label vectors are not checked: a match would be chance,
-   and their content is public (label counts are in ``partition.json``). A label vector is caught as a whole
-   tensor or list, not inside a longer one.
+   and their content is public (label counts are in ``partition.json``). Nor are rows holding NaN: NaN equals
+   nothing, so no match could be confirmed (datasets holding NaN are refused when they are loaded anyway),
+   and they cost nothing. A label vector is caught as a whole tensor or list, not inside a longer one.
 
 What it is not: a sandbox. Plugin code runs in the same process as the core; code written to leak (encoding data
 into model weights, into strings, into floats one value at a time, permuting a row's values) is not stopped by
@@ -193,9 +194,12 @@ class _ClientRows:
         if self.check_rows:
             for s, source in enumerate(self.sources):
                 rows = _widen(source)
-                varied = (rows != rows[:, :1]).any(dim=1)
+                # a row holding NaN equals nothing (torch.equal), so no match of it could ever be confirmed; its
+                # fingerprint would only make every all-NaN window of a NaN model a candidate, each compared
+                # exactly against every such row (20-400x the cost of a round), so it is not fingerprinted
+                checked = (rows != rows[:, :1]).any(dim=1) & ~rows.isnan().any(dim=1)
                 prints = hasher.rows(rows)
-                for i in torch.nonzero(varied).flatten().tolist():
+                for i in torch.nonzero(checked).flatten().tolist():
                     self.index.setdefault(int(prints[i]), []).append((s, i))
         self.known = torch.tensor(sorted(self.index), dtype=torch.int64)
         self.filter = _Filter(self.known)
@@ -207,6 +211,7 @@ class _ClientRows:
         self.values: Optional[torch.Tensor] = None
         if self.check_rows and self.index:
             distinct = torch.unique(torch.cat([torch.unique(_widen(source)) for source in self.sources]))
+            distinct = distinct[~distinct.isnan()]  # every NaN is distinct to unique(); no checked row holds one
             if len(distinct) <= MAX_VALUE_SET:
                 self.values = distinct
         self.screens = _screens(self.values) if self.values is not None else {}
