@@ -28,7 +28,8 @@ from .results.tables import check_table, installed_table
 
 __all__: List[str] = sorted([
     # this module's own helpers
-    "TINY", "WORKER_ENV", "OneTrainerPerClient", "assert_one_line_error", "assert_pooled_matches_one_trainer_per_client",
+    "TINY", "WORKER_ENV", "OneTrainerPerClient", "assert_batched_matches_sequential", "assert_one_line_error",
+    "assert_pooled_matches_one_trainer_per_client",
     "assert_resume_matches_full_run", "assert_run_refused", "assert_streaming_matches_all_replies",
     "assert_workers_match_serial", "fold_tolerance", "metrics_records", "one_process_group", "quick_run",
     "run_capturing_replies", "run_in_own_session", "run_with_workers", "tiny_config", "tiny_run", "tiny_simulation",
@@ -136,6 +137,68 @@ def assert_pooled_matches_one_trainer_per_client(algorithm: str, overrides: Opti
     assert pooled.backend.pool is not None and legacy.backend.pool is None
     assert metrics_records(tmp_path / "pooled") == metrics_records(tmp_path / "legacy") and a["final"] == b["final"]
     return pooled, legacy
+
+
+def _assert_close(a: Any, b: Any, rtol: float, where: str) -> None:
+    """Float tensors (nested in dicts/lists) within ``rtol`` of the larger magnitude; anything else equal."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape, f"{where}: shapes {tuple(a.shape)} and " \
+                                                                   f"{tuple(getattr(b, 'shape', ()))}"
+        if not a.is_floating_point():
+            assert torch.equal(a, b), f"{where}: differs"
+            return
+        scale = float(a.abs().max()) if a.numel() else 0.0
+        diff = float((a - b).abs().max()) if a.numel() else 0.0
+        assert diff <= rtol * max(scale, 1e-12), f"{where}: batched and sequential differ by {diff:.3g} " \
+                                                 f"(scale {scale:.3g}, rtol {rtol:g})"
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{where}: keys {sorted(a)} and {sorted(b)}"
+        for k in a:
+            _assert_close(a[k], b[k], rtol, f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: lengths {len(a)} and {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_close(x, y, rtol, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert abs(a - b) <= rtol * max(abs(a), abs(b), 1e-12), f"{where}: {a!r} and {b!r} (rtol {rtol:g})"
+
+
+def assert_batched_matches_sequential(algorithm: str, overrides: Optional[Dict[str, Any]], tmp_path: Path,
+                                      sets: tuple = (), rounds: int = 3, rtol: float = 1e-4,
+                                      rounds_rtol: float = 0.01) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """``clients.batched=on`` computes what one client at a time computes, for a plugin's tests.
+
+    One round from the same start: every client's fit reply (uploads, counts, losses) within ``rtol`` of the
+    larger magnitude (float rounding of a vectorised pass). ``rounds`` rounds: the final uniform and sample-weighted
+    scores within ``rounds_rtol`` of each other (rounding can move a few test predictions). Fails when the plugin
+    does not batch at all -- a batched check of a run that went sequential would prove nothing -- naming the reason
+    ``fl show`` gives. Returns the two ``rounds``-round summaries (sequential, batched)."""
+    tmp_path = Path(tmp_path)
+    one = {**dict(overrides or {}), "rounds": 1}
+    sims, replies = {}, {}
+    for mode in ("off", "on"):
+        sims[mode] = tiny_simulation(algorithm, tmp_path / f"one-{mode}", one, tuple(sets) + (f"clients.batched={mode}",))
+        replies[mode] = run_capturing_replies(sims[mode])
+    runner = sims["on"].backend.batched
+    plan = sims["on"].batched_plan
+    assert plan.batched and runner is not None and runner.groups_run > 0, \
+        f"{algorithm} did not batch ({plan.reason}): nothing to compare"
+    assert replies["off"].keys() == replies["on"].keys(), "batched and sequential rounds differ"
+    for rnd, by_client in replies["off"].items():
+        assert by_client.keys() == replies["on"][rnd].keys(), f"round {rnd}: other clients replied"
+        for cid, reply in by_client.items():
+            _assert_close(reply, replies["on"][rnd][cid], rtol, f"{algorithm} round {rnd} client {cid}")
+    many = {**dict(overrides or {}), "rounds": rounds}
+    _, seq = tiny_run(algorithm, tmp_path / "many-off", many, tuple(sets) + ("clients.batched=off",))
+    _, bat = tiny_run(algorithm, tmp_path / "many-on", many, tuple(sets) + ("clients.batched=on",))
+    assert bat["clients_batched"]["path"] == "batched", bat["clients_batched"]
+    for key in ("uniform", "weighted"):
+        a, b = seq["final"][key], bat["final"][key]
+        assert abs(a - b) <= rounds_rtol * max(abs(a), abs(b), 1e-12), \
+            f"{algorithm} after {rounds} rounds: final {key} {a:.6g} sequential, {b:.6g} batched (rtol {rounds_rtol:g})"
+    return seq, bat
 
 
 def assert_resume_matches_full_run(algorithm: str, overrides: Optional[Dict[str, Any]], tmp_path: Path,

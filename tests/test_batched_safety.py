@@ -160,3 +160,27 @@ def test_an_undeclared_loss_runs_sequentially_and_fl_show_says_why(registries_sn
 def test_the_self_check_passes_an_honest_trainer_and_keeps_its_numbers(tmp_path):
     sim, _ = tiny_run("fedavg", tmp_path / "on", MLP, ("clients.batched=on",))
     assert sim.backend.batched.verified and sim.backend.batched.groups_run == 2
+
+
+# -- pflkit.core.testing.assert_batched_matches_sequential: the check every batched plugin's tests run ---------------
+def test_the_plugin_helper_catches_a_batched_path_that_differs(tmp_path, monkeypatch):
+    from pflkit.core.engine import batched as B
+    from pflkit.core.testing import assert_batched_matches_sequential
+
+    real = B.train_stacked
+
+    def perturbed(*args, **kwargs):  # the stack's result for its last client nudged: what a subtle bug would do
+        states, losses, aux = real(*args, **kwargs)
+        states[-1] = {n: t + 1e-2 if t.is_floating_point() else t for n, t in states[-1].items()}
+        return states, losses, aux
+
+    monkeypatch.setattr(B, "train_stacked", perturbed)
+    with pytest.raises(AssertionError, match="batched and sequential differ by"):
+        assert_batched_matches_sequential("fedavg", MLP, tmp_path)
+
+
+def test_the_plugin_helper_refuses_a_plugin_that_does_not_batch(tmp_path):
+    from pflkit.core.testing import assert_batched_matches_sequential
+
+    with pytest.raises(Exception, match="cannot be batched|did not batch"):
+        assert_batched_matches_sequential("fedala", MLP, tmp_path)

@@ -86,3 +86,9 @@ def test_quick_run_end_to_end(tmp_path):
     assert 0.0 <= summary["final"]["uniform"] <= 1.0
     rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if ln]
     assert all(r["clients/personal_to_global"] > 0 for r in rows if "train_loss" in r)
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("ditto", {"partition": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

@@ -117,3 +117,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, sets, message, registered):
 @pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"), reason="slow: set PFLKIT_SLOW_TESTS=1")
 def test_two_workers_give_the_serial_numbers(tmp_path):
     assert_workers_match_serial("fedbabu", OVER, tmp_path, FT)
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("fedbabu", {"partition": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

@@ -70,3 +70,9 @@ def test_quick_run_end_to_end(tmp_path):
     summary = quick_run("fedbn", tmp_path, overrides=TINY_BN)
     assert summary["trainer"] == "fedbn" and summary["rounds_completed"] == 2
     assert summary["client_failures"] == 0 and 0.0 <= summary["final"]["uniform"] <= 1.0
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("fedbn", {"partition": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

@@ -302,3 +302,9 @@ def test_shipped_configs_resolve_and_name_missing_data(name, tmp_path):
         return
     with pytest.raises(DataError, match=str(tmp_path)):  # offline and empty: the error names where to put what
         build_federated_data(cfg)
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("fedc2i", {"dataset": {"name": "digits"}, "partition": {"name": "dirichlet", "num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

@@ -201,3 +201,9 @@ def test_every_option_value_can_be_set_from_the_command_line():
             for value in param.choices or ():
                 cfg = tiny_config("fedcac", sets=(f"{section}.{key}={value}",))
                 assert cfg[section][key] == value
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("fedcac", {"partition": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

@@ -288,3 +288,9 @@ def test_reference_sync_pushes_extractor_to_all_and_head_to_trained(tmp_path):
                 torch.testing.assert_close(t.global_model.state_dict()[k], v)
             else:
                 torch.testing.assert_close(t.cpn.state_dict()[k[len("cpn."):]], v)
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("fedcp", {"partition": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

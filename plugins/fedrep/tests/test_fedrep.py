@@ -94,3 +94,9 @@ def test_a_model_without_body_is_refused_at_start(tmp_path):
     from pflkit.core.testing import assert_run_refused
 
     assert_run_refused("fedrep", ["model.name=mlp", "model.hidden=[]"], "FedRep needs a body", tmp_path)
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("fedrep", {"partition": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

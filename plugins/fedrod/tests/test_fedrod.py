@@ -209,3 +209,9 @@ def test_quick_run_ablations(tmp_path):
     s = quick_run("fedrod", tmp_path, sets=("trainer.bsm_gamma=0", "trainer.personal_init=generic",
                                             "trainer.eval_model=generic", "trainer.bn_stats=local"))
     assert s["rounds_completed"] == 2 and s["client_failures"] == 0 and math.isfinite(s["final"]["uniform"])
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("fedrod", {"partition": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

@@ -122,3 +122,9 @@ def test_fedprox_trainer_by_configuration(tmp_path):
     summary = quick_run("fedsa", tmp_path, sets=("trainer.name=fedprox",))
     assert summary["trainer"] == "fedprox" and summary["aggregator"] == "fedsa"
     assert summary["rounds_completed"] == 2 and 0.0 <= summary["final"]["uniform"] <= 1.0
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("fedsa", {"partition": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

@@ -12,3 +12,9 @@ def test_no_parameters_travel_and_models_stay_personal(tmp_path):
     first = [next(iter(sim.backend.get_state(c)["model"].values())) for c in sim.client_ids]
     assert not torch.equal(first[0], first[1])
     assert result["final"]["uniform"] > 0.3
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("local", {"partition": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [16]}, "train": {"batch_size": 10}}, tmp_path)

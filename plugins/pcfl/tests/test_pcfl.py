@@ -492,3 +492,14 @@ def test_fl_show_pcfl_lists_base_options_and_bases():
     # FedRoD wraps by class but refuses PCFL's default (regression) task at start: named apart, with the reason
     assert "fedrod" not in bases
     assert "not with these defaults: fedrod (algorithm fedrod: FedRoD needs a classification task" in res.output
+
+
+def test_batched_matches_sequential(tmp_path):
+    """clients.batched=on: one round's replies and 3 rounds' scores equal the sequential path's (float rounding)."""
+    from pflkit.core.testing import assert_batched_matches_sequential
+    assert_batched_matches_sequential("pcfl", {"dataset": {"name": "pcfl_sine", "num_clients": 6, "samples_per_client": 40},
+         "partition": {"name": "by_group", "num_clients": 6}, "model": {"name": "mlp", "hidden": [8, 8]},
+         "participation": {"join_ratio": 1.0}, "train": {"batch_size": 10, "local_epochs": 2, "lr": 0.05},
+         "trainer": {"clusters": 2, "synthetic_region": "own"},
+         "aggregator": {"flow_epochs": 4, "setup_block": 2, "flow_hidden": 8, "flow_transforms": 2,
+                        "flow_inner_transforms": 2, "flow_join_ratio": 0.5, "flow_batch_size": 20, "flow_lr": 0.01}}, tmp_path)
