@@ -117,16 +117,15 @@ def results_csv(columns: Sequence[str], rows: Sequence[Mapping[str, Any]], prove
     clash = [c for c in columns if c in PROVENANCE]
     if clash:
         raise ValueError(f"results column {clash[0]!r} is a provenance column name")
+    from ..storage.rundata import csv_cell  # fl export's cells: text a spreadsheet would run as a formula escaped
+
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([*columns, *PROVENANCE])
+    writer.writerow([csv_cell("", c) for c in [*columns, *PROVENANCE]])
     for row in rows:
-        writer.writerow([_cell(row.get(c)) for c in columns] + [provenance.get(p, "") for p in PROVENANCE])
+        writer.writerow([csv_cell(c, row.get(c)) for c in columns] +
+                        [csv_cell(p, provenance.get(p, "")) for p in PROVENANCE])
     return buf.getvalue()
-
-
-def _cell(value: Any) -> str:
-    return "" if value is None else str(value)
 
 
 def read_results_csv(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:

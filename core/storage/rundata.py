@@ -18,6 +18,7 @@ import io
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
@@ -412,6 +413,8 @@ def _flat_keys(config: Dict[str, Any], prefix: str = "") -> List[str]:
 
 # Cells a spreadsheet would run as a formula (OWASP, "CSV Injection"): text starting with one of these characters
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+# ... unless the whole text is a number ("-0.02"), which a spreadsheet reads as that number, not a formula
+PLAIN_NUMBER = re.compile(r"[+-]?\d+(\.\d+)?([eE][+-]?\d+)?")
 # Columns that count things (rounds, clients, bytes, failures): written as integers, although the monitor logs every
 # per-round value as a float (4.0 clients -> 4)
 _COUNT_PREFIXES = ("clients_", "bytes_", "client_failures")
@@ -422,7 +425,7 @@ def is_count(column: str) -> bool:
     return column in _COUNT_NAMES or column.startswith(_COUNT_PREFIXES)
 
 
-def _cell(column: str, value: Any) -> Any:
+def csv_cell(column: str, value: Any) -> Any:
     """A CSV cell: numbers as numbers (counts as integers), non-finite and null as empty, lists and objects as
     JSON, and text that a spreadsheet would evaluate prefixed with ``'`` (it then shows as text)."""
     if isinstance(value, float):
@@ -435,7 +438,7 @@ def _cell(column: str, value: Any) -> Any:
         value = json.dumps(value)
     if value is None:
         return ""
-    if isinstance(value, str) and value.startswith(FORMULA_START):
+    if isinstance(value, str) and value.startswith(FORMULA_START) and not PLAIN_NUMBER.fullmatch(value):
         return "'" + value
     return value
 
@@ -514,9 +517,9 @@ def write_csv(rows: Sequence[Dict[str, Any]], out: TextIO) -> List[str]:
     """Write ``rows`` as CSV with the union of their keys as columns (first-seen order); the columns."""
     columns = list(_union_keys(rows))
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([_cell("", c) for c in columns])  # a header is text from the run files too
+    writer.writerow([csv_cell("", c) for c in columns])  # a header is text from the run files too
     for row in rows:
-        writer.writerow([_cell(k, row.get(k)) for k in columns])
+        writer.writerow([csv_cell(k, row.get(k)) for k in columns])
     return columns
 
 
