@@ -237,6 +237,12 @@ def test_quick_reproduction_end_to_end(tmp_path, tiny_file):
     assert float(fedavg["difference"]) == pytest.approx(float(fedavg["pflkit_mean"]) - 50.0, abs=0.011)
     assert fedavg["within_paper_spread"] == "yes"  # paper std 100: any accuracy is within it
     assert cell["fedprox", "mean"]["within_paper_spread"] == "no"  # paper std 0.001
+    # the ranking's agreement is data too: the column's Kendall's tau and same-winner flag on each of its rows
+    md = (out / "results.md").read_text()
+    for column in ("mean", "pooled"):
+        tau = {cell[r, column]["column_kendall_tau"] for r in ("fedavg", "fedprox")}
+        same = {cell[r, column]["column_same_winner"] for r in ("fedavg", "fedprox")}
+        assert len(tau) == 1 and len(same) == 1 and f"Kendall's tau {tau.pop()}; same winner: {same.pop()}." in md
     worst = cell["fedavg", "worst"]
     assert worst["metric"] == "final_min" and worst["paper_std"] == "" and worst["within_paper_spread"] == "n/a"
     assert float(worst["pflkit_mean"]) < float(fedavg["pflkit_mean"])  # the lowest client is below the mean

@@ -322,6 +322,7 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
     scale = label or "paper"
     csv_rows = []
     for column in cols:
+        agreement = _agreement(table, rows, column, results)  # the column's Kendall's tau and same winner, per row
         for row in rows:
             paper = table.numbers[row.id, column.id]
             ours = results.get((row.id, column.id), {"mean": None, "std": None, "runs": 0, "note": ""})
@@ -336,7 +337,8 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
                              "paper_std": _fmt(paper.std), "paper_note": paper.why_missing,
                              "pflkit_mean": _fmt(ours["mean"]), "pflkit_std": _fmt(ours["std"]),
                              "runs": ours["runs"], "pflkit_note": ours.get("note", ""), "difference": _fmt(diff),
-                             "within_paper_spread": within})
+                             "within_paper_spread": within, "column_kendall_tau": agreement["tau"],
+                             "column_same_winner": agreement["same"]})
     from .published import provenance_of_runs, results_csv
 
     notes = (f"{label}: not comparable with the paper's numbers; " if label else "") + \
@@ -389,16 +391,24 @@ def _own_metric_text(table: Table, row, cols) -> str:
     return f"{metric['model']} model, pflkit metric {metric['pflkit']} ({metric['note']})"
 
 
-def _ranking(table: Table, rows, column: Column, results) -> str:
+def _agreement(table: Table, rows, column: Column, results) -> Dict[str, Any]:
+    """The paper's and pflkit's orders of a column's rows (those with both numbers), Kendall's tau between them and
+    whether the winner is the same; tau and same are '' with fewer than two such rows."""
     both = [r for r in rows if table.numbers[r.id, column.id].mean is not None
             and results.get((r.id, column.id), {}).get("mean") is not None]
     if len(both) < 2:
-        return "Ranking: fewer than two rows with both numbers."
+        return {"tau": "", "same": "", "paper": [], "ours": []}
     paper = [table.numbers[r.id, column.id].mean for r in both]
     ours = [results[r.id, column.id]["mean"] for r in both]
     order_p = [r.label for _, r in sorted(zip(paper, both), key=lambda t: -t[0])]
     order_o = [r.label for _, r in sorted(zip(ours, both), key=lambda t: -t[0])]
-    tau = kendall_tau(paper, ours)
-    same = "yes" if order_p[0] == order_o[0] else "no"
-    return (f"Ranking, paper: {' > '.join(order_p)}; pflkit: {' > '.join(order_o)}. Kendall's tau {tau:.2f}; "
-            f"same winner: {same}.")
+    return {"tau": _fmt(kendall_tau(paper, ours)), "same": "yes" if order_p[0] == order_o[0] else "no",
+            "paper": order_p, "ours": order_o}
+
+
+def _ranking(table: Table, rows, column: Column, results) -> str:
+    a = _agreement(table, rows, column, results)
+    if not a["paper"]:
+        return "Ranking: fewer than two rows with both numbers."
+    return (f"Ranking, paper: {' > '.join(a['paper'])}; pflkit: {' > '.join(a['ours'])}. Kendall's tau {a['tau']}; "
+            f"same winner: {a['same']}.")
