@@ -14,8 +14,10 @@ from .common import friendly_errors
 @click.argument("documents", nargs=-1, type=click.Path(dir_okay=False), metavar="[DOCUMENT...]")
 @click.option("--root", default=".", show_default=True, type=click.Path(file_okay=False),
               help="The repository root: where the markers' CSV paths start and the default documents are.")
-@click.option("--check", is_flag=True, help="Write nothing; exit 1 naming every table that differs from its CSV "
-                                            "and every mean ± std table outside a marker.")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 naming every table that differs from its CSV, "
+                                            "every CSV whose runs do not come from one clean commit (unless its "
+                                            "notes say 'not re-measured'), and every mean ± std table outside a "
+                                            "marker.")
 @friendly_errors
 def results_command(documents: Tuple[str, ...], root: str, check: bool) -> None:
     """Re-make every table between <!-- results: results/NAME.csv --> and <!-- /results --> from its CSV.
@@ -25,7 +27,8 @@ def results_command(documents: Tuple[str, ...], root: str, check: bool) -> None:
     command, commit, date, machine and seeds); copy it under results/ and mark where a document shows it. A marker
     may name the columns to show: <!-- results: results/NAME.csv | column | column -->.
     """
-    from ..results.published import published_documents, render_document, unmarked_result_tables
+    from ..results.published import provenance_problem, published_documents, render_document, \
+        unmarked_result_tables
 
     base = Path(root)
     paths = [Path(d) for d in documents] or published_documents(base)
@@ -40,6 +43,7 @@ def results_command(documents: Tuple[str, ...], root: str, check: bool) -> None:
         new, changed, shown = render_document(text, base, where=str(path))
         tables += len(shown)
         stale += [f"{path}: the table of {rel} differs from its CSV" for rel in changed]
+        stale += [p for p in (provenance_problem(base / rel) for rel in dict.fromkeys(shown)) if p is not None]
         unmarked += [f"{path}, line {n}: a mean ± std table outside <!-- results: ... -->" for n in
                      unmarked_result_tables(new)]
         if changed and not check:

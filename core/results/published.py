@@ -155,6 +155,33 @@ def read_results_csv(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
     return header, [dict(zip(header, line)) for line in lines]
 
 
+NOT_REMEASURED = "not re-measured"
+
+
+def provenance_problem(path: Path) -> Optional[str]:
+    """Why a published results CSV does not come from one clean commit (None when it does): its runs name a tree with
+    uncommitted changes, more than one commit, or runs that recorded none beside ones that did. A CSV whose notes
+    say "not re-measured" is a record kept as it was, and passes."""
+    _, rows = read_results_csv(path)
+    if not rows or any(NOT_REMEASURED in r.get("notes", "") for r in rows):
+        return None
+    entries = {e.strip() for r in rows for e in r.get("commit", "").split(";") if e.strip()}
+    dirty = sorted(e for e in entries if "uncommitted changes" in e)
+    unrecorded = sorted(e for e in entries if e.startswith("not recorded"))
+    commits = {e.split()[0] for e in entries if not e.startswith("not recorded")}
+    why = []
+    if dirty:
+        why.append(f"runs from trees with uncommitted changes ({'; '.join(dirty)})")
+    if len(commits) > 1:
+        why.append(f"runs from {len(commits)} commits ({', '.join(sorted(commits))})")
+    if unrecorded and commits:
+        why.append(f"runs that recorded no commit beside ones that did ({unrecorded[0]})")
+    if not why:
+        return None
+    return (f"{path}: {' and '.join(why)}; re-measure it from one clean commit, or say '{NOT_REMEASURED}' in its "
+            f"notes")
+
+
 def render_table(path: Path, columns: Optional[Sequence[str]] = None) -> str:
     """The Markdown table of a results CSV (its ``columns``; by default all but the provenance columns)."""
     header, rows = read_results_csv(path)
