@@ -91,13 +91,17 @@ def cpu_capability() -> Optional[str]:
         return None
 
 
+BUILD_INFO = Path(__file__).resolve().parents[1] / "build_info.json"  # written by setup.py into a built wheel
+
+
 def git_commit(source: Optional[Path] = None) -> Optional[Dict[str, Any]]:
-    """Commit (and whether tracked files differ from it) of the checkout pflkit runs from; None when installed
-    from a wheel or git is unavailable. Only a checkout whose root holds the package counts (not a parent repo)."""
+    """Commit (and whether tracked files differ from it) of the checkout pflkit runs from; for an install built from
+    a checkout (``pip install .``), the commit it was built from (``build_info.json``, setup.py); None when neither
+    is known or git is unavailable. Only a checkout whose root holds the package counts (not a parent repo)."""
     # core/storage/runinfo.py: the checkout's root is two folders above this one
     root = Path(source) if source is not None else Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
-        return None
+        return built_from() if source is None else None
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
@@ -106,6 +110,17 @@ def git_commit(source: Optional[Path] = None) -> Optional[Dict[str, Any]]:
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": commit, "dirty": bool(status.strip()), "path": str(root)}
+
+
+def built_from() -> Optional[Dict[str, Any]]:
+    """The checkout an installed pflkit was built from (commit, dirty), as setup.py recorded it; None if unknown."""
+    try:
+        doc = json.loads(BUILD_INFO.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("commit"), str):
+        return None
+    return {"commit": doc["commit"], "dirty": bool(doc.get("dirty")), "path": "installed (built from this commit)"}
 
 
 def device_info(device: Any) -> Dict[str, Any]:
