@@ -6,3 +6,8 @@ import torch
 
 torch.set_num_threads(1)
 os.environ.setdefault("MPLBACKEND", "Agg")
+# fl compare's key for verified.json lives in the user's state folder: tests use a folder of their own
+if "PFLKIT_STATE" not in os.environ:
+    import tempfile
+
+    os.environ["PFLKIT_STATE"] = tempfile.mkdtemp(prefix="pflkit-test-state-")

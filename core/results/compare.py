@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import math
@@ -131,23 +132,60 @@ def _file_digests(run_dir: Path) -> Dict[str, str]:
     return out
 
 
+def verify_key() -> bytes:
+    """This user's secret key for ``verified.json`` (created once, readable by the user alone): the state folder
+    ``$PFLKIT_STATE`` (default ``$XDG_STATE_HOME/pflkit`` or ``~/.local/state/pflkit``), file ``verify.key``. A digest
+    keyed with it cannot be recomputed by someone who edits a run's files without the key, as a plain sha256 can."""
+    base = os.environ.get("PFLKIT_STATE") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"), "pflkit")
+    path = Path(base) / "verify.key"
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(os.urandom(32).hex())
+    except FileExistsError:
+        pass  # another process made it meanwhile: read theirs
+    except OSError as exc:
+        raise CheckpointError(f"cannot create the key that verifies finished runs, {path} ({exc.strerror or exc}); "
+                              f"set PFLKIT_STATE to a writable folder") from None
+    return bytes.fromhex(path.read_text().strip())
+
+
+def _keyed(digests: Mapping[str, str]) -> str:
+    return hmac.new(verify_key(), json.dumps(dict(digests), sort_keys=True).encode(), hashlib.sha256).hexdigest()
+
+
 def record_verified(run_dir: Path) -> None:
-    """Write ``run_dir/verified.json``: the digests of a finished run's files, checked before it is reused."""
-    write_atomic(Path(run_dir) / VERIFIED_NAME, json.dumps({"sha256": _file_digests(Path(run_dir))}, indent=2))
+    """Write ``run_dir/verified.json``: the digests of a finished run's files and their digest keyed with this
+    user's secret (``verify_key``), checked before the run is reused."""
+    digests = _file_digests(Path(run_dir))
+    write_atomic(Path(run_dir) / VERIFIED_NAME, json.dumps({"sha256": digests, "hmac": _keyed(digests)}, indent=2))
 
 
 def _digest_problem(run_dir: Path) -> Optional[str]:
-    """Why ``run_dir``'s files differ from the digests recorded when it finished (None: they match, or none was
-    recorded -- a run finished before compare recorded them, verified by its numbers alone)."""
+    """Why ``run_dir`` cannot be reused as verified (None: its files match the digests recorded when compare saw it
+    finish, and those digests carry this user's key). A run without ``verified.json`` -- deleted, or a run from
+    before pflkit recorded one -- or with digests not keyed by this user's pflkit (recomputed after an edit, from
+    an older pflkit, copied from another machine) runs again."""
     try:
         recorded = read_json(run_dir / VERIFIED_NAME)
     except CheckpointError as exc:
         return f"{VERIFIED_NAME} is unreadable ({str(exc).split('; ')[0].split(': ')[-1]})"
     if recorded is None:
-        return None
+        return f"it has no {VERIFIED_NAME} (the digests compare records when it sees a run finish)"
     digests = recorded.get("sha256")
     if not isinstance(digests, dict):
         return f"{VERIFIED_NAME} holds no digests"
+    keyed = recorded.get("hmac")
+    if not isinstance(keyed, str) or not hmac.compare_digest(keyed, _keyed(digests)):
+        return (f"its {VERIFIED_NAME} was not written by this user's pflkit (its keyed digest "
+                f"{'is missing' if not isinstance(keyed, str) else 'differs'}: edited, from an older pflkit, or "
+                f"copied from another machine)")
     now = _file_digests(run_dir)
     for name in _VERIFIED_FILES:
         if digests.get(name) != now[name]:
@@ -188,8 +226,32 @@ def _existing_run(run_dir: Path, cfg: Mapping[str, Any]) -> Tuple[Optional[str],
             return "resume", None
         if failed:
             return "rerun", f"it failed ({_one_line(summary.get('reason')) or 'no reason recorded'})"
+    if summary is None and not (run_dir / CHECKPOINT_NAME).exists() and _dead_start(run_dir, same_config):
+        return "rerun", "its start was stopped before round 1 (no checkpoint, no summary, no live process holds it)"
     raise CheckpointError(f"{run_dir} already exists and is neither a finished run nor a resumable checkpoint of "
                           f"the same configuration; remove it or choose another --out folder")
+
+
+# what a run directory holds before its first checkpoint (core/storage/rundir.py, monitor.py)
+_START_FILES = {".lock", "config.json", "partition.json", "run.log", "run_info.json", "tb", "metrics.jsonl",
+                "spill", "server_spill"}
+
+
+def _dead_start(run_dir: Path, same_config: bool) -> bool:
+    """Whether ``run_dir`` is a start killed before round 1: only a start's files (or the same configuration's
+    config.json) and no live fl process holding its lock. A live one is one line (never moved under its feet)."""
+    from ..storage.rundir import RunDirLock
+
+    try:
+        names = {p.name for p in run_dir.iterdir()}
+    except OSError:
+        return False
+    if not names <= _START_FILES or not (same_config or "config.json" not in names):
+        return False
+    lock = RunDirLock(run_dir)
+    lock.acquire()  # CheckpointError naming the live process when one holds it
+    lock.release()
+    return True
 
 
 def _one_line(text: Any, limit: int = 160) -> str:
