@@ -220,10 +220,11 @@ class SerialBackend(ExecutionBackend):
 
     def _run_one(self, cid: int, call: Call, snapshot: bool) -> CallResult:
         """One client's call, isolated: whatever its code raises (but Ctrl-C) is a failed result."""
-        # pooled, the core's evaluation of the global model reads the client's data only: no state is swapped
-        core_eval = self.pool is not None and call.message.kind == GLOBAL_EVALUATE
+        # the core's evaluation of the global model is the core's own code on the client's data, never the plugin's
+        # handle() (which could answer it with anything); pooled, no state is swapped in for it
+        core_eval = call.message.kind == GLOBAL_EVALUATE
         if core_eval:
-            ctx = self.contexts[cid]
+            ctx = self.contexts[cid] if self.pool is not None else self.trainers[cid].ctx
             trainer = SimpleNamespace(ctx=ctx, handle=lambda message: evaluate_global(ctx, message.payload))
         elif self.pool is not None:
             try:  # a trainer whose load_client_state() raises is a failed client (failures.*)

@@ -39,6 +39,8 @@ class GlobalEvaluation:
         self.prefix = f"global_{metric}"
         self.history = History(self.prefix, higher_is_better)
         self.reuse_declared = personal_is_global(trainer_cls)
+        self.trainer_name = getattr(trainer_cls, "__name__", str(trainer_cls))
+        self.claim_refuted = False  # a personal_is_global claim that the spot check found false
         self._carried: Any = None  # the state every evaluate message of this round carried (note_evaluate_messages)
         self.adaptation = adaptation  # eval.adapt: an adapted personal model is not the global one
 
@@ -58,16 +60,20 @@ class GlobalEvaluation:
         return self._carried is not None and self._carried is state
 
     def evaluate(self, rnd: int, server: Any, personal: Mapping[str, float], client_ids: Sequence[int],
-                 send: Callable[[Dict[int, Message]], Dict[int, Dict[str, Any]]]) -> Dict[str, float]:
+                 send: Callable[[Dict[int, Message]], Dict[int, Dict[str, Any]]],
+                 personal_results: Optional[Mapping[int, Mapping[str, Any]]] = None) -> Dict[str, float]:
         """The round's global-model numbers (the record's keys), {} when the aggregator has no global model now.
         ``personal``: the round's personal summary (after :meth:`note_evaluate_messages`); ``send``: the
-        communicator's unaccounted send (evaluation traffic is no algorithm cost)."""
+        communicator's unaccounted send (evaluation traffic is no algorithm cost); ``personal_results``: the round's
+        personal evaluate replies, against which a reuse is spot-checked."""
         state = global_model_of(server)
         if state is None:
             return {}
         m = self.metric
         reused = self.reuses(rnd, state)
         self._carried = None  # the reference goes with the round
+        if reused and not self._claim_holds(state, client_ids, send, personal_results):
+            reused = False
         if reused:
             out = {f"{self.prefix}/{a}": personal[f"{m}/{a}"] for a in AGGREGATES if f"{m}/{a}" in personal}
             out[REUSED] = 1
@@ -83,6 +89,27 @@ class GlobalEvaluation:
             out["global_eval_seconds"] = time.perf_counter() - start
         self.history.add(rnd, {k: v for k, v in out.items() if k != "global_eval_seconds"})
         return out
+
+    def _claim_holds(self, state: Any, client_ids: Sequence[int], send: Callable, personal: Any) -> bool:
+        """A trainer's ``personal_is_global`` is a claim, checked at each reuse: the core's own evaluation of the
+        global state on one client (the lowest id) must give that client's personal evaluation sums. A false claim
+        is said once, and the global model is scored separately from then on."""
+        cid = min(client_ids)
+        got = send({cid: Message(GLOBAL_EVALUATE, {"params": state})})
+        mine = (personal or {}).get(cid)
+        if cid not in got or mine is None:
+            return True  # nothing to compare this round (the client failed one of them: counted as a failure)
+        ours, theirs = got[cid], mine
+        same = all(abs(float(ours.get(k, 0.0)) - float(theirs.get(k, 0.0))) <= 1e-6 * max(1.0, abs(float(ours.get(
+            k, 0.0)))) for k in ("metric_sum", "loss_sum"))
+        if not same:
+            log.warning("trainer %s declares personal_is_global, but client %d's personal evaluation (%s %.6g) is "
+                        "not the core's evaluation of the global model (%.6g): the global model is scored "
+                        "separately from now on", self.trainer_name, cid, self.metric,
+                        float(theirs.get("metric_sum", 0.0)), float(ours.get("metric_sum", 0.0)))
+            self.reuse_declared = False
+            self.claim_refuted = True
+        return same
 
     def summary(self, k: int, has_global_model: bool) -> Optional[Dict[str, Any]]:
         """summary.json's ``global`` section; None when the run never scored a global model and its aggregator

@@ -352,6 +352,7 @@ class RoundLoop:
         summary = summarize(results, self.task.metric_name)
         summary.update(adaptation.cost_summary(results))  # evaluation-time adaptation: steps, seconds, clients
         self.last_per_client = per_client_record(results)  # written into the round's metrics.jsonl record
+        self.last_results = results  # the personal replies: a reuse as the global model's numbers is checked on them
         metrics = per_client_metric(results)
         if metrics:
             self.logger.log_histogram(f"{self.task.metric_name}/per_client", list(metrics.values()))
@@ -361,7 +362,8 @@ class RoundLoop:
     def evaluate_global(self, rnd: int, personal: Dict[str, float]) -> Dict[str, float]:
         """The global model beside the personal ones (core/engine/globaleval.py): its record keys, {} without one."""
         return self.global_eval.evaluate(rnd, self.server, personal, self.client_ids,
-                                         lambda msgs: self.comm.send(msgs, accounted=False))
+                                         lambda msgs: self.comm.send(msgs, accounted=False),
+                                         getattr(self, "last_results", None))
 
     def _stop_requested(self, stop: "_GracefulInterrupt") -> bool:
         """Ctrl-C seen; in a distributed run, seen by any process (they all stop after the same round)."""
