@@ -82,3 +82,20 @@ def test_every_written_path_is_resolved_inside_out(tmp_path):
         inside_out(out, out / "results.md")
     with pytest.raises(ConfigError, match="would be written outside it"):
         inside_out(out, out / ".." / "results.csv")
+
+
+def test_ctrl_c_between_runs_exits_130_and_says_how_to_continue(tmp_path, monkeypatch):
+    """Ctrl-C between two runs of fl reproduce exited 1 with click's 'Aborted!' (issue 36): 130, as fl compare."""
+    import pflkit.core.results.reproduce as R
+    from test_reproduce import TINY_TABLE as text
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(R, "run_comparison", interrupted)
+    monkeypatch.setattr(R, "estimate_table", lambda *a, **k: "estimate skipped")
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    result = run("--table-file", str(path), "--scale", "quick", "--seeds", "0", "--out", str(tmp_path / "o"))
+    assert result.exit_code == 130 and "Aborted" not in result.output
+    assert "interrupted; rerun the same command to continue" in result.output

@@ -84,9 +84,14 @@ def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table
         chosen = tables[0] if table_file else installed_table(table)
     check_table(chosen)
     out = Path(out_dir or f"reproduce-{chosen.name.replace(':', '-')}-{scale}")
-    report = reproduce(chosen, out, rows=_names(rows, "rows") if rows else None,
-                       cols=_names(cols, "cols") if cols else None, seeds=_seeds(seeds), scale=scale, jobs=jobs,
-                       echo=click.echo, sets=list(sets))
+    try:
+        report = reproduce(chosen, out, rows=_names(rows, "rows") if rows else None,
+                           cols=_names(cols, "cols") if cols else None, seeds=_seeds(seeds), scale=scale, jobs=jobs,
+                           echo=click.echo, sets=list(sets))
+    except KeyboardInterrupt:  # between two runs, or a column's runs stopped: as fl compare, 130 and how to go on
+        click.echo(f"interrupted; rerun the same command to continue (finished runs are reused, interrupted ones "
+                   f"resume from their checkpoints): {out}", err=True)
+        raise SystemExit(130) from None
     click.echo(report["markdown"])
     label = scale_label(scale == "quick", list(sets))
     tag = f"[{label}] " if label else ""

@@ -257,6 +257,8 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
                  f"seeds in {folder}")
             comparison = run_comparison(specs, list(seeds), [layer], folder, jobs=jobs,
                                         echo=lambda line: echo(f"{tag}{line}"))
+            if comparison.get("interrupted"):  # Ctrl-C stopped this column's runs: start no other column
+                raise KeyboardInterrupt
             comparison["column"] = column.id
             done[key] = comparison
             incomplete += len(comparison["not_in_table"])
