@@ -99,3 +99,19 @@ def test_ctrl_c_between_runs_exits_130_and_says_how_to_continue(tmp_path, monkey
     result = run("--table-file", str(path), "--scale", "quick", "--seeds", "0", "--out", str(tmp_path / "o"))
     assert result.exit_code == 130 and "Aborted" not in result.output
     assert "interrupted; rerun the same command to continue" in result.output
+
+
+def test_one_broken_installed_table_blocks_no_other(tmp_path, registries_snapshot):
+    """A third-party table that does not parse names itself in --list and --check and leaves the others usable
+    (it blocked every table before)."""
+    reg.TABLES.register("tests:broken", reg.parse_table_text(TINY_TABLE.replace('caption =', 'captoin ='), "<t>"))
+    reg.TABLES.register("tests:tiny", reg.parse_table_text(TINY_TABLE, "<test>"))
+    listed = run("--list")
+    assert listed.exit_code == 0 and "tests:tiny" in listed.output and "tests:broken: BROKEN" in listed.output
+    checked = run("--check")
+    assert checked.exit_code == 2 and "tests:tiny: ok" in checked.output and "pcfl:table3: ok" in checked.output
+    assert "tests:broken: BROKEN" in checked.output and "unknown key 'captoin'" in checked.output
+    ran = run("tests:tiny", "--scale", "quick", "--seeds", "0", "--rows", "fedavg", "--cols", "mean", "--out",
+              str(tmp_path / "o"))
+    assert ran.exit_code == 0, ran.output
+    assert "unknown key 'captoin'" in one_line_error(run("tests:broken", "--out", str(tmp_path / "b")))

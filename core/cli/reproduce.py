@@ -2,26 +2,34 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import click
 
 from ..api import registry as reg
-from ..common.errors import ConfigError
+from ..common.errors import ConfigError, PflError
 from .common import friendly_errors
 from .compare import _names, _seeds
 
 
-def _tables(table_file: Optional[str]) -> List:
+def _tables(table_file: Optional[str]) -> Tuple[List, Dict[str, str]]:
+    """The tables that load and parse, and name -> why for those that do not: one broken third-party table names
+    itself and blocks no other."""
     from ..results.tables import installed_table, parse_table, read_table_file
 
     if table_file:
         name, source = read_table_file(table_file)
-        return [parse_table(name, source)]
-    failures = reg.TABLES.load_all()
-    if failures:
-        raise ConfigError(f"{failures[0]} (fl list tables shows every table that loads)")
-    return [installed_table(name) for name in reg.TABLES.names()]
+        return [parse_table(name, source)], {}
+    broken = {f.name: str(f) for f in reg.TABLES.load_all()}
+    tables = []
+    for name in reg.TABLES.names():
+        if name in broken:
+            continue
+        try:
+            tables.append(installed_table(name))
+        except PflError as exc:
+            broken[name] = str(exc)
+    return tables, broken
 
 
 @click.command("reproduce")
@@ -63,16 +71,29 @@ def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table
     if do_list or do_check:
         if table is not None:
             raise ConfigError("--list and --check cover every table; leave out TABLE")
-        tables = _tables(table_file)
+        tables, broken = _tables(table_file)
         if do_list:
             for line in list_lines(tables):
                 click.echo(line)
+        failed = dict(broken)
         if do_check:
             for t in tables:
-                cells = check_table(t)
+                try:
+                    cells = check_table(t)
+                except PflError as exc:
+                    if table_file:  # the one table being written: its error is the one line
+                        raise
+                    failed[t.name] = str(exc)
+                    continue
                 click.echo(f"{t.name}: ok ({len(t.rows)} rows x {len(t.columns)} columns, {cells} cells resolved)")
+        for name, why in failed.items():
+            click.echo(f"{name}: BROKEN: {why}", err=True)
+        if failed and do_check:
+            raise ConfigError(f"{len(failed)} table(s) broken: {', '.join(failed)}")
         return
-    tables = _tables(table_file)
+    tables, broken = _tables(table_file)
+    if table in broken:
+        raise ConfigError(broken[table])
     if table is None:
         if not table_file:
             raise ConfigError(f"name a table ({', '.join(t.name for t in tables) or 'none installed'}), or use "
