@@ -168,6 +168,10 @@ def test_table_registered_in_process_is_listed_and_checked(registries_snapshot):
     (('plugin = "fedprox"\noptions = { trainer = { mu = 0.1 } }', 'plugin = "fedavg"'),
      "rows fedavg and fedprox run the same method with the same options (fedavg)"),
     (("[[chosen]]", "[[chosen]]\nwhom = 1"), "chosen[0]: unknown key 'whom'"),
+    # a paper number written as text is not a reason for a missing number; a std is never negative
+    (('worst = [40.0]', 'worst = "40.0"'), "numbers.fedavg.worst: '40.0' is a number written as text"),
+    (('worst = [40.0]', 'worst = "40.0 ± 1.2"'), "is a number written as text"),
+    (('third = [45.0, 1.0]', 'third = [45.0, -1.0]'), "numbers.fedavg.third: std -1.0 is negative"),
     # the scored model and the pflkit key agree: global needs a *_global_* key, personal one without
     (('pflkit = "best_weighted" }', 'pflkit = "best_global_weighted" }'),
      "columns[4].metric: model = 'personal' is not scored by pflkit = 'best_global_weighted', a global model's key"),

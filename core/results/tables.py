@@ -284,13 +284,21 @@ def _ids(where: str, items: Any, keys: Sequence[str], required: Sequence[str]) -
     return out
 
 
+NUMBER_TEXT = re.compile(r"\s*[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*(%|±.*|\+-.*)?\s*")
+
+
 def _number(where: str, value: Any) -> Cell:
     if isinstance(value, str):
+        if NUMBER_TEXT.fullmatch(value):  # "83.3" or "83.3 ± 0.1": a number typed as text, not why one is missing
+            raise ConfigError(f"{where}: {value!r} is a number written as text; write [mean, std] or [mean] (a string "
+                              f"says why the paper has no number)")
         return Cell(None, None, _text(where, value))
     if not isinstance(value, list) or len(value) not in (1, 2) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
         raise ConfigError(f"{where}: expected [mean, std], [mean] (no std reported) or a string saying why the paper "
                           f"has no number, got {value!r}")
+    if len(value) == 2 and value[1] < 0:
+        raise ConfigError(f"{where}: std {value[1]!r} is negative; a standard deviation is >= 0")
     return Cell(float(value[0]), float(value[1]) if len(value) == 2 else None)
 
 
