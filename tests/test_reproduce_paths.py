@@ -115,3 +115,26 @@ def test_one_broken_installed_table_blocks_no_other(tmp_path, registries_snapsho
               str(tmp_path / "o"))
     assert ran.exit_code == 0, ran.output
     assert "unknown key 'captoin'" in one_line_error(run("tests:broken", "--out", str(tmp_path / "b")))
+
+
+def test_an_entry_points_table_file_is_read_no_further_than_the_cap(tmp_path, monkeypatch):
+    """The 1 MiB cap bounds what is read (the file was read whole first): a FIFO that never ends, or a huge file,
+    is refused after the cap's bytes."""
+    import sys
+
+    try:
+        import importlib_metadata as metadata
+    except ImportError:  # pragma: no cover
+        from importlib import metadata
+    from pflkit.core import PluginError
+
+    pkg = tmp_path / "hugetable"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "big.toml").write_bytes(b"#" * (reg.TABLE_FILE_LIMIT + 10))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("hugetable", None)
+    ep = metadata.EntryPoint(name="x:big", value="hugetable:big.toml", group="pflkit.tables")
+
+    with pytest.raises(PluginError, match="is over 1048576 bytes"):
+        reg.load_table_entry(ep)

@@ -207,9 +207,11 @@ def load_table_entry(ep: Any) -> TableFile:
     if not ep.attr:
         raise PluginError(f"table entry point {ep.value!r}: expected package:file.toml")
     resource = importlib.resources.files(ep.module).joinpath(ep.attr)
-    data = resource.read_bytes()
+    with resource.open("rb") as fh:  # read at most one byte past the cap: a huge (or endless) file is never read whole
+        data = fh.read(TABLE_FILE_LIMIT + 1)
     if len(data) > TABLE_FILE_LIMIT:
-        raise PluginError(f"table file {ep.value} is {len(data)} bytes; a table file is at most {TABLE_FILE_LIMIT}")
+        raise PluginError(f"table file {ep.value} is over {TABLE_FILE_LIMIT} bytes; a table file is at most "
+                          f"{TABLE_FILE_LIMIT}")
     return parse_table_text(data.decode("utf-8"), ep.value)
 
 
