@@ -35,3 +35,20 @@ def test_a_commit_beside_unrecorded_runs_fails(tmp_path):
 def test_not_remeasured_is_a_record_kept_as_it_was(tmp_path):
     assert provenance_problem(_csv(tmp_path, "7581f276ec (uncommitted changes); 655422bdf9",
                                    "not re-measured (several commits)")) is None
+
+
+def test_fl_results_never_writes_through_a_link_outside_root(tmp_path):
+    """A document that is a symlink to a file outside --root is refused, the outside file untouched (issue 36)."""
+    from click.testing import CliRunner
+
+    from pflkit.core.testing import cli
+
+    root = tmp_path / "repo"
+    (root / "results").mkdir(parents=True)
+    _csv(root / "results", "ec137db7a0").rename(root / "results" / "t.csv")
+    outside = tmp_path / "outside.md"
+    outside.write_text("<!-- results: results/t.csv -->\n| stale |\n<!-- /results -->\n")
+    (root / "README.md").symlink_to(outside)
+    res = CliRunner().invoke(cli, ["results", "--root", str(root)])
+    assert res.exit_code == 2 and "outside --root" in res.output
+    assert outside.read_text().startswith("<!-- results: results/t.csv -->\n| stale |")

@@ -47,6 +47,9 @@ def results_command(documents: Tuple[str, ...], root: str, check: bool) -> None:
         unmarked += [f"{path}, line {n}: a mean ± std table outside <!-- results: ... -->" for n in
                      unmarked_result_tables(new)]
         if changed and not check:
+            target = path.resolve()  # never through a link to outside the repository
+            if base.resolve() not in target.parents:
+                raise ConfigError(f"{path} resolves to {target}, outside --root {base}; nothing written")
             path.write_text(new, encoding="utf-8")
             rewritten.append(str(path))
     if check:
