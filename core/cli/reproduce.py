@@ -9,6 +9,7 @@ import click
 from ..api import registry as reg
 from ..common.errors import ConfigError, PflError
 from .common import friendly_errors
+from ..results.labels import NEUTRAL_SET_KEYS
 from .compare import _names, _seeds
 
 
@@ -44,15 +45,16 @@ def _tables(table_file: Optional[str]) -> Tuple[List, Dict[str, str]]:
 @click.option("--cols", default=None, metavar="X,Y", help="Only these columns.")
 @click.option("--seeds", default="0,1,2", show_default=True, metavar="S1,S2,...", help="Seeds of every cell.")
 @click.option("--scale", default="paper", show_default=True, type=click.Choice(["paper", "quick"]),
-              help="paper: the table's settings; quick: fewer rounds and a fraction of the data (labelled as such "
-                   "in every output line: not the paper's setting).")
+              help="paper: the table's settings; quick: fewer rounds and a fraction of the data (labelled in every "
+                   "output file and section: not the paper's setting).")
 @click.option("--out", "-o", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Output folder (default: reproduce-<table>-<scale>): results.md, results.csv and one fl compare "
                    "folder per column (resumable).")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1), help="Runs at a time.")
 @click.option("--set", "-s", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a config key in every cell (device=cuda, rounds=50). Repeatable. Labelled in every "
-                   "output line: not the paper's setting.")
+              help=f"Override a config key in every cell (rounds=50, device=cuda). Repeatable. Keys that say where or "
+                   f"how a cell runs ({', '.join(NEUTRAL_SET_KEYS)}) keep the paper's setting; any other is labelled "
+                   f"in every output file and section: not the paper's setting.")
 @friendly_errors
 def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table_file: Optional[str],
                       rows: Optional[str], cols: Optional[str], seeds: str, scale: str, out_dir: Optional[str],

@@ -5,7 +5,7 @@ One comparison per column (``OUT/<column id>/``: resumable, ``jobs``), every row
 by the row id. ``results.md`` and ``results.csv`` hold per cell the paper's number, pflkit's mean and std over seeds,
 the difference, and whether pflkit's mean lies within the paper's spread (paper mean +- paper std); and per column
 the rows ranked both ways (Kendall's tau between the two orders, and whether the winner is the same). At
-``quick`` scale every line of every output says so: those numbers are not the paper's setting.
+``quick`` scale every output file and section says so: those numbers are not the paper's setting.
 """
 from __future__ import annotations
 
@@ -24,16 +24,11 @@ from ..storage.rundata import read_records, read_summary
 from .compare import parse_entry, run_comparison
 from .tables import Column, Row, Table
 
-QUICK_LABEL = "quick scale, not the paper's setting"
-
-
-#: ``--set`` keys that say where or how a cell runs, not what it computes: they leave a paper-scale run the paper's
-#: setting (batched clients match the sequential numbers within float tolerance; tests/test_batched.py)
-NEUTRAL_SET_KEYS = ("dataset.root", "dataset.download", "device", "clients.batched", "clients.stack")
+from .labels import NEUTRAL_SET_KEYS, QUICK_LABEL  # noqa: F401  (re-exported: tests and docs read them here)
 
 
 def scale_label(quick: bool, sets: Sequence[str] = ()) -> str:
-    """What every output line is tagged with when the cells are not the paper's setting ('' when they are)."""
+    """What every output file and section is labelled with when the cells are not the paper's setting ('' when they are)."""
     changing = [s for s in sets if s.partition("=")[0].strip() not in NEUTRAL_SET_KEYS]
     if not changing:
         return QUICK_LABEL if quick else ""
@@ -216,7 +211,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     """Run the selected cells (every seed) and write ``results.md`` and ``results.csv`` into ``out_dir``.
 
     ``sets`` (``KEY=VALUE``, as ``fl run --set``) override every cell's config, e.g. ``device=cuda`` or a smaller
-    ``rounds``; like ``quick`` scale, they label every output line as not the paper's setting.
+    ``rounds``; like ``quick`` scale, they label every output file and section as not the paper's setting.
     """
     if scale not in ("paper", "quick"):
         raise ConfigError(f"--scale {scale!r}: expected paper or quick")
@@ -256,7 +251,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
             echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} "
                  f"seeds in {folder}")
             comparison = run_comparison(specs, list(seeds), [layer], folder, jobs=jobs,
-                                        echo=lambda line: echo(f"{tag}{line}"))
+                                        echo=echo)
             if comparison.get("interrupted"):  # Ctrl-C stopped this column's runs: start no other column
                 raise KeyboardInterrupt
             comparison["column"] = column.id
@@ -355,7 +350,7 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
         md += [f"{tag}These numbers are {what}: they are not the paper's setting and are not comparable with its "
                f"numbers.", ""]
     m = table.metric
-    md += [f"{tag}Paper's metric: {m['model']} model, {m['clients']} clients, {m['mean']} mean, "
+    md += [f"Paper's metric: {m['model']} model, {m['clients']} clients, {m['mean']} mean, "
            f"{'best round' if m['round'] == 'best' else 'mean of the last %s rounds' % m.get('k')}, "
            f"{'fine-tuned' if m['fine_tuned'] else 'not fine-tuned'}"
            + (f" ({m['note']})" if m.get("note") else "") + f". pflkit: {m['pflkit']}; seeds "
@@ -371,19 +366,19 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
                 or f"({r['paper_note']})"
             ours = f"{r['pflkit_mean']} ± {r['pflkit_std']}" if r["pflkit_mean"] else \
                 f"n/a ({r['pflkit_note']})" if r["pflkit_note"] else "n/a"
-            md.append(f"| {tag}{row_label} | {paper} | {ours} | {r['difference'] or 'n/a'} | "
+            md.append(f"| {row_label} | {paper} | {ours} | {r['difference'] or 'n/a'} | "
                       f"{r['within_paper_spread']} |")
-        md += ["", f"{tag}{_ranking(table, rows, column, results)}", ""]
+        md += ["", f"{_ranking(table, rows, column, results)}", ""]
     if table.chosen:
-        md += [f"{tag}Where the paper leaves a setting open, pflkit chose:", ""]
-        md += [f"- {tag}{c['setting']} = {c['value']}: {c['why']}" for c in table.chosen]
+        md += [f"## {tag}Where the paper leaves a setting open, pflkit chose", ""]
+        md += [f"- {c['setting']} = {c['value']}: {c['why']}" for c in table.chosen]
         md.append("")
     own = [r for r in rows if r.metric]
     if own:
-        md += [f"{tag}Rows scored unlike their columns:", ""]
-        md += [f"- {tag}{r.label}: {_own_metric_text(table, r, cols)}" for r in own]
+        md += [f"## {tag}Rows scored unlike their columns", ""]
+        md += [f"- {r.label}: {_own_metric_text(table, r, cols)}" for r in own]
         md.append("")
-    md += [f"{tag}Rows' hyperparameters:", ""] + [f"- {tag}{r.label} (`{r.spec(quick)}`): {r.source}" for r in rows]
+    md += [f"## {tag}Rows' hyperparameters", ""] + [f"- {r.label} (`{r.spec(quick)}`): {r.source}" for r in rows]
     return {"markdown": "\n".join(md) + "\n", "csv": csv_text, "cells": csv_rows}
 
 
