@@ -16,7 +16,7 @@ from typing import Optional
 import click
 
 from ..api import registry as reg
-from ..data.data import ROOT_RULE, dataset_root
+from ..data.roots import ROOT_RULE, dataset_root
 from ..data.datasources import PackageSource, check_package_file, install, installed_problem, sources_of
 from ..common.errors import ConfigError, DataError
 from .common import friendly_errors
