@@ -261,3 +261,48 @@ def test_ctrl_c_during_a_set_up_in_one_piece_says_it_cannot_pause(registries_sna
     assert out["interrupted"] and out["rounds_completed"] == 1  # as the message says: set-up, round 1, stop
     assert "interrupt: this set-up cannot pause part-way: finishing it and round 1" in \
         (tmp_path / "o" / "run.log").read_text()
+
+
+# -- fl reproduce / compare: a measured run's set-up is shown as it goes and counted (issue 36) ----------------------
+def test_measuring_a_run_shows_its_set_up_and_the_estimate_counts_it(blocks, tmp_path, monkeypatch):
+    """`fl reproduce` was silent for minutes while PCFL's flow trained in the measured run, then said "about 1 s"
+    (the rest after the measurement). Now each set-up step of the measured run is a line naming the cell's folder
+    and run, with the set-up estimate; the estimate line says what measuring took (set-up included) and counts
+    each run not started yet with its set-up. A slow set-up is faked: no wall time."""
+    from pflkit.core.engine.config import deep_merge
+    from pflkit.core.results import estimate
+    from pflkit.core.testing import TINY
+
+    fake_clock(monkeypatch, 40.0)  # each set-up block 40 s
+    _fake_round_time(monkeypatch, 2.0)  # a round 2 s
+    ticks = itertools.count()  # the measurement's wall clock: 200 s from its start to its pause
+    monkeypatch.setattr(estimate, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks) * 200.0))
+    folder = tmp_path / "col"
+    layer = deep_merge(dict(TINY), {"rounds": 4, "aggregator": {"blocks": 4}, "checkpoint": {"every": 0}})
+    said = []
+    est = estimate.estimate_comparisons([(folder, layer)], ["blocks-est"], [0, 1], jobs=1, echo=said.append)
+    setup = [ln for ln in said if ln.startswith("measuring col/blocks-est-seed0: set-up: ")]
+    assert setup[:2] == ["measuring col/blocks-est-seed0: set-up: block 1",
+                         "measuring col/blocks-est-seed0: set-up: about 2 min left, estimated from 1 of its 4 steps "
+                         "in 40 s; the rounds' time is estimated after round 1"]
+    assert setup[-1] == "measuring col/blocks-est-seed0: set-up: block 4"
+    assert est.measured == 1 and est.measuring == pytest.approx(200.0)
+    timing = estimate._read_timings(folder)["blocks-est-seed0"]
+    assert timing.fixed > 150.0  # the set-up is the run's fixed cost...
+    assert est.seconds >= timing.fixed and est.fixed == pytest.approx(timing.fixed)  # ...counted for seed 1
+    line = estimate.estimate_line(est, "t", 1)
+    assert "measuring took 3 min 20 s, set-up included" in line
+    assert f"each run not started yet counts its set-up and first-round warm-up (up to {monitor.duration(timing.fixed)})" \
+        in line
+
+
+def test_a_comparison_run_shows_its_set_up_lines(blocks, tmp_path):
+    from pflkit.core.engine.config import deep_merge
+    from pflkit.core.results.compare import run_comparison
+    from pflkit.core.testing import TINY
+
+    layer = deep_merge(dict(TINY), {"rounds": 1, "aggregator": {"blocks": 2}})
+    said = []
+    run_comparison(["blocks-est"], [0], [layer], tmp_path / "out", echo=said.append)
+    assert said[:2] == ["blocks-est seed 0: set-up: block 1", "blocks-est seed 0: set-up: block 2"]
+    assert said[2].startswith("[1/1] blocks-est seed 0: finished 1/1 rounds")

@@ -310,12 +310,14 @@ class RoundReporter:
     set-up that reports its progress (``SetupStep`` with ``done``/``total``), the set-up time left; after the first
     round of this start a rough estimate of the rest of the run, after the second one from its rate, later when it
     moved (``RunEstimator``, with ``eval_every`` the evaluation cadence). An estimate is printed only when it
-    exceeds ``ESTIMATE_MIN_SECONDS`` (or corrects an earlier one).
+    exceeds ``ESTIMATE_MIN_SECONDS`` (or corrects an earlier one). ``setup_echo`` also receives each set-up line
+    (with ``console=False``: a comparison says which run is setting up and where it stands).
     """
 
     def __init__(self, run_dir: Path, total: int, initial: int, desc: str, metric: str, console: bool = True,
-                 eval_every: int = 1):
+                 eval_every: int = 1, setup_echo: Optional[Callable[[str], None]] = None):
         self.run_dir = Path(run_dir)
+        self.setup_echo = setup_echo  # also receives every set-up line (fl compare / reproduce without a console)
         self.total, self.initial, self.desc, self.metric = total, initial, desc, metric
         self.eval_every = eval_every
         self.console = console
@@ -385,10 +387,15 @@ class RoundReporter:
                 self.bar.set_description(f"{self.desc} set-up")
             self.bar.n = done
             self.bar.refresh()
-        self._say(f"set-up: {text}")
+        self._setup_say(f"set-up: {text}")
         estimate = self._setup_estimate(done, total)
         if estimate is not None:
-            self._say(estimate)
+            self._setup_say(estimate)
+
+    def _setup_say(self, line: str) -> None:
+        self._say(line)
+        if self.setup_echo is not None:
+            self.setup_echo(line)
 
     def _setup_estimate(self, done: Optional[int], total: Optional[int]) -> Optional[str]:
         if self._setup_estimated or self._setup_mark is None or done is None or not total:
