@@ -174,3 +174,28 @@ def test_rejected_input_leaves_no_run_directory_and_default_names_never_collide(
                  *TINY_SETS)
         assert res.exit_code == 0, res.output
     assert len(list(tmp_path.iterdir())) == 2
+
+
+HEAVY_MODULES = ("torch", "matplotlib", "sklearn", "tensorboard", "torch.utils.tensorboard")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["data", "--help"], ["reproduce", "--help"],
+                                  ["compare", "--help"], ["data", "list", "--help"]])
+def test_help_imports_no_heavy_library(args):
+    """Issue 36: `fl --help` took 6.5 s importing torch (and more) it never uses. The command line's start and its
+    help import what a command needs only when it runs; checked on what is imported, not on a timing."""
+    code = ("import sys\nfrom click.testing import CliRunner\nimport pflkit.core.cli.main as m\n"
+            f"res = CliRunner().invoke(m.cli, {args!r})\n"
+            "assert res.exit_code == 0 and 'Usage:' in res.output, res.output\n"
+            f"print(sorted(n for n in {HEAVY_MODULES!r} if n in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_help_text_of_run_still_names_the_keys_a_resume_may_change():
+    from pflkit.core.engine.config import RESUME_SAFE_KEYS
+
+    res = fl("run", "--help")
+    assert res.exit_code == 0 and "--resume DIRECTORY" in res.output
+    assert all(k in " ".join(res.output.split()) for k in RESUME_SAFE_KEYS)

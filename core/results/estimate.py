@@ -73,10 +73,26 @@ def _number(value: Any) -> Optional[float]:
     return None
 
 
-def measure_run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
+class SetupLines:
+    """Where a measured run's set-up lines go: ``echo`` with the run named in front; without one (a worker
+    process), stdout, flushed at once. Picklable, so worker processes get it too."""
+
+    def __init__(self, name: str, echo: Optional[Callable[[str], None]] = None):
+        self.name, self.echo = name, echo
+
+    def __call__(self, line: str) -> None:
+        text = f"measuring {self.name}: {line}"
+        if self.echo is not None:
+            self.echo(text)
+        else:
+            print(text, flush=True)
+
+
+def measure_run(cfg: Any, run_dir: Path, on_setup: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Start the run ``cfg`` in ``run_dir`` and pause it after :func:`measured_rounds` rounds with a checkpoint (the
-    comparison resumes it); its Timing as a dict, or the one-line reason it failed (the comparison then reruns it
-    and reports the failure)."""
+    comparison resumes it); its Timing as a dict (``seconds``: what measuring took, set-up included), or the
+    one-line reason it failed (the comparison then reruns it and reports the failure). ``on_setup`` receives the
+    run's set-up lines as they happen (a set-up can take minutes)."""
     from ..engine.simulation import Simulation
     from .compare import _reason
 
@@ -84,13 +100,14 @@ def measure_run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     wanted = measured_rounds(int(cfg.rounds))
     try:
         with _one_torch_thread():  # the comparison's runs use one torch thread: so does their measurement
-            summary = Simulation(cfg, run_dir=run_dir, progress=False).run(stop_after=wanted)
+            summary = Simulation(cfg, run_dir=run_dir, progress=False).run(stop_after=wanted, on_setup=on_setup)
     except Exception as exc:  # a plugin's bug or a bad setting: the comparison runs it again and reports it
         return {"failed": _reason(exc)}
     if summary.get("rounds_completed", 0) < wanted:  # Ctrl-C paused it earlier (checkpointed): stop here too
         raise KeyboardInterrupt
-    timing = timing_from_records(read_records(Path(run_dir) / "metrics.jsonl"), time.perf_counter() - started)
-    return {"failed": "no round logged"} if timing is None else asdict(timing)
+    spent = time.perf_counter() - started
+    timing = timing_from_records(read_records(Path(run_dir) / "metrics.jsonl"), spent)
+    return {"failed": "no round logged"} if timing is None else {**asdict(timing), "seconds": spent}
 
 
 def _read_timings(folder: Path) -> Dict[str, Timing]:
@@ -113,10 +130,13 @@ class Estimate:
     unknown: int = 0         # runs of a row and setting that could not be timed (their measurement failed)
     seconds: float = 0.0     # run time left, summed over runs
     longest: float = 0.0     # the longest single run left (a lower bound on the wall time with many jobs)
+    measuring: float = 0.0   # seconds the measurements took now (set-up included), summed over measured runs
+    fixed: float = 0.0       # the largest fixed cost (data, set-up, round 1's extra) of a run still to start
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, fixed: float = 0.0) -> None:
         self.seconds += seconds
         self.longest = max(self.longest, seconds)
+        self.fixed = max(self.fixed, fixed)
 
     def wall(self, jobs: int) -> float:
         return max(self.seconds / max(1, jobs), self.longest)
@@ -156,14 +176,16 @@ def estimate_comparisons(settings: Sequence[Tuple[Path, Mapping[str, Any]]], spe
     if to_measure and echo is not None:
         echo(f"estimating the run time: {measured_rounds(int(to_measure[0][3].rounds))} round(s) of "
              f"{len(to_measure)} run(s), one per row and setting, which then continue")
-    results = _measure_all([(cfg, run_dir) for _, _, run_dir, cfg in to_measure], jobs)
+    results = _measure_all([(cfg, run_dir, f"{folder.name}/{run_dir.name}") for folder, _, run_dir, cfg in to_measure],
+                           jobs, echo)
     measured_now: Dict[Path, Dict[str, Any]] = {}
     for (folder, label, run_dir, cfg), result in zip(to_measure, results):
         if "failed" in result:
             continue
         known[folder, label] = Timing(result["fixed"], result["train"], result["eval"])
-        measured_now.setdefault(folder, {})[run_dir.name] = result
+        measured_now.setdefault(folder, {})[run_dir.name] = {k: result[k] for k in ("fixed", "train", "eval")}
         est.measured += 1
+        est.measuring += result.get("seconds", 0.0)
     for folder, new in measured_now.items():
         saved = {k: asdict(v) for k, v in timings[folder].items()}
         saved.update(new)
@@ -180,7 +202,7 @@ def estimate_comparisons(settings: Sequence[Tuple[Path, Mapping[str, Any]]], spe
                 est.unknown += 1
                 continue
             done = _logged_round(run_dir) if measured else 0
-            est.add(timing.run_seconds(int(cfg.rounds), int(cfg.eval.every), done))
+            est.add(timing.run_seconds(int(cfg.rounds), int(cfg.eval.every), done), timing.fixed if done == 0 else 0.0)
     return est
 
 
@@ -211,11 +233,15 @@ def _logged_round(run_dir: Path) -> int:
     return max((int(r["round"]) for r in rows if isinstance(r.get("round"), int)), default=0)
 
 
-def _measure_all(tasks: Sequence[Tuple[Any, Path]], jobs: int) -> List[Dict[str, Any]]:
+def _measure_all(tasks: Sequence[Tuple[Any, Path, str]], jobs: int,
+                 echo: Optional[Callable[[str], None]]) -> List[Dict[str, Any]]:
+    """Measure each (cfg, run_dir, name); set-up lines go to ``echo`` (worker processes: to stdout)."""
     if jobs == 1 or len(tasks) <= 1:
-        return [measure_run(cfg, run_dir) for cfg, run_dir in tasks]
+        return [measure_run(cfg, run_dir, SetupLines(name, echo) if echo is not None else None)
+                for cfg, run_dir, name in tasks]
     with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_init_worker) as pool:
-        return list(pool.map(measure_run, [c for c, _ in tasks], [d for _, d in tasks]))
+        return list(pool.map(measure_run, [c for c, _, _ in tasks], [d for _, d, _ in tasks],
+                             [SetupLines(n) if echo is not None else None for _, _, n in tasks]))
 
 
 def estimate_line(est: Estimate, what: str, jobs: int) -> str:
@@ -227,8 +253,11 @@ def estimate_line(est: Estimate, what: str, jobs: int) -> str:
     total = f"about {duration(est.wall(jobs))} with --jobs {jobs}"
     if jobs > 1:
         total += f" ({duration(est.seconds)} of run time in all)"
-    how = (f"measured now from {est.measured} paused run(s) that continue" if est.measured
+    how = (f"measured now from {est.measured} paused run(s) that continue (measuring took "
+           f"{duration(est.measuring)}, set-up included)" if est.measured
            else "from the rounds already logged")
+    fixed = (f"; each run not started yet counts its set-up and first-round warm-up (up to {duration(est.fixed)})"
+             if est.fixed >= 1.0 else "")
     unknown = f"; {est.unknown} run(s) not timed (their measurement failed), not counted" if est.unknown else ""
-    return f"{head}: {total}, {how}{unknown}"
+    return f"{head}: {total}, {how}{fixed}{unknown}"
 

@@ -10,7 +10,7 @@ import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -172,30 +172,109 @@ def setup_estimate_line(seconds: float, units: int, done: int, total: int) -> Op
 
 
 def run_estimate_line(record: Dict[str, Any], seconds: float, total: int, eval_every: int,
-                      now: Optional[datetime] = None) -> Optional[str]:
+                      now: Optional[datetime] = None, note: str = "", always: bool = False) -> Optional[str]:
     """The rest of the run estimated from one round (``seconds``, evaluation included when the round was evaluated:
     ``record['eval_seconds']``, plus ``global_eval_seconds`` of the global model): its training time for each
     remaining round plus its evaluation time for each remaining evaluation. None when fewer than
-    ``ESTIMATE_MIN_SECONDS`` are left."""
+    ``ESTIMATE_MIN_SECONDS`` are left (unless ``always``); ``note`` ends the line (e.g. why it is rough)."""
     rnd = record.get("round")
     if not isinstance(rnd, int) or rnd >= total:
         return None
-    rounds_left, evals_left = total - rnd, evaluations_after(rnd, total, eval_every)
+    eval_s = round_eval_seconds(record)
+    train_s = seconds if eval_s is None else max(0.0, seconds - eval_s)
+    return rate_estimate_line(rnd, total, eval_every, train_s, eval_s, now=now, note=note, always=always)
+
+
+def round_eval_seconds(record: Dict[str, Any]) -> Optional[float]:
+    """The evaluation seconds of one round's record (the global model's own evaluation added), None when the round
+    was not evaluated."""
     eval_s = record.get("eval_seconds")
     global_s = record.get("global_eval_seconds")  # the global model's evaluation (core/engine/globaleval.py)
-    if isinstance(eval_s, (int, float)) and isinstance(global_s, (int, float)) and math.isfinite(global_s):
+    if not isinstance(eval_s, (int, float)) or isinstance(eval_s, bool) or not math.isfinite(eval_s):
+        return None
+    if isinstance(global_s, (int, float)) and not isinstance(global_s, bool) and math.isfinite(global_s):
         eval_s = eval_s + global_s
-    if isinstance(eval_s, (int, float)) and math.isfinite(eval_s):
-        train_s = max(0.0, seconds - eval_s)
-        left = train_s * rounds_left + eval_s * evals_left
+    return float(eval_s)
+
+
+def _left_seconds(rnd: int, total: int, eval_every: int, train_s: float, eval_s: Optional[float]) -> float:
+    return train_s * (total - rnd) + (eval_s or 0.0) * evaluations_after(rnd, total, eval_every)
+
+
+def rate_estimate_line(rnd: int, total: int, eval_every: int, train_s: float, eval_s: Optional[float],
+                       now: Optional[datetime] = None, note: str = "", always: bool = False) -> Optional[str]:
+    """The rest of the run after round ``rnd`` at ``train_s`` a round and ``eval_s`` an evaluation (None: not timed
+    yet). None when nothing is left, or fewer than ``ESTIMATE_MIN_SECONDS`` unless ``always``."""
+    if rnd >= total:
+        return None
+    rounds_left, evals_left = total - rnd, evaluations_after(rnd, total, eval_every)
+    left = _left_seconds(rnd, total, eval_every, train_s, eval_s)
+    if eval_s is not None:
         how = f"{train_s:.1f} s a round + {_count(evals_left, 'evaluation')} of {eval_s:.1f} s"
-    else:  # this round was not evaluated: its time is the training alone
-        left = seconds * rounds_left
-        how = f"{seconds:.1f} s a round + {_count(evals_left, 'evaluation')} not timed yet"
-    if left < ESTIMATE_MIN_SECONDS:
+    else:  # no evaluation timed yet: the rounds' training alone
+        how = f"{train_s:.1f} s a round + {_count(evals_left, 'evaluation')} not timed yet"
+    if left < ESTIMATE_MIN_SECONDS and not always:
         return None
     end = (now or datetime.now()) + timedelta(seconds=left)
-    return f"estimate: {_count(rounds_left, 'more round')}, about {duration(left)} ({how}); done around {end:%H:%M}"
+    line = f"estimate: {_count(rounds_left, 'more round')}, about {duration(left)} ({how}); done around {end:%H:%M}"
+    return f"{line}; {note}" if note else line
+
+
+ROUGH_NOTE = "rough: the first round of a start includes one-time warm-up, re-estimated after the next round"
+REESTIMATE_DRIFT = 0.25  # a later estimate is printed when the time left moved by more than this share (and 30 s)
+
+
+class RunEstimator:
+    """When to state the run time left, from the rounds of one start fed with their measured seconds.
+
+    The first round of a start carries one-time warm-up (first calls into torch and the trainer, data loading
+    into caches), often several times a later round: its estimate is said to be rough. The second round gives
+    the rate (printed also when short, as it corrects the rough one); later rounds re-estimate from the mean of
+    rounds 2.. of the start and print when the time left moved by more than ``REESTIMATE_DRIFT`` of itself (and
+    more than ``ESTIMATE_MIN_SECONDS``) from what the last line said.
+    """
+
+    def __init__(self, total: int, eval_every: int, now: Callable[[], datetime] = datetime.now):
+        self.total, self.eval_every, self._now = total, eval_every, now
+        self._rounds = 0                      # rounds of this start fed so far
+        self._train: List[float] = []         # training seconds of rounds 2.. of this start
+        self._evals: List[float] = []         # evaluation seconds of rounds 2.. of this start
+        self._first_eval: Optional[float] = None
+        self._said: Optional[float] = None    # the time left the last printed line said, less the time since
+
+    def add(self, record: Dict[str, Any], seconds: float) -> Optional[str]:
+        """Feed one finished round (its record and measured seconds); the estimate line to print, or None."""
+        rnd = record.get("round")
+        self._rounds += 1
+        if self._said is not None:
+            self._said = max(0.0, self._said - seconds)
+        if not isinstance(rnd, int) or rnd >= self.total:
+            return None
+        eval_s = round_eval_seconds(record)
+        train_s = seconds if eval_s is None else max(0.0, seconds - eval_s)
+        if self._rounds == 1:
+            self._first_eval = eval_s
+            return self._say(rnd, train_s, eval_s, ROUGH_NOTE, always=False)
+        self._train.append(train_s)
+        if eval_s is not None:
+            self._evals.append(eval_s)
+        rate = sum(self._train) / len(self._train)
+        ev = sum(self._evals) / len(self._evals) if self._evals else self._first_eval
+        if self._rounds == 2:  # the first estimate without warm-up; it corrects a rough one even when short
+            return self._say(rnd, rate, ev, "", always=self._said is not None)
+        left = _left_seconds(rnd, self.total, self.eval_every, rate, ev)
+        said = self._said if self._said is not None else 0.0
+        if abs(left - said) <= max(ESTIMATE_MIN_SECONDS, REESTIMATE_DRIFT * max(left, said)):
+            return None
+        return self._say(rnd, rate, ev, f"re-estimated from rounds {rnd - self._rounds + 2}-{rnd}",
+                         always=self._said is not None)
+
+    def _say(self, rnd: int, train_s: float, eval_s: Optional[float], note: str, always: bool) -> Optional[str]:
+        line = rate_estimate_line(rnd, self.total, self.eval_every, train_s, eval_s, now=self._now(), note=note,
+                                  always=always)
+        if line is not None:
+            self._said = _left_seconds(rnd, self.total, self.eval_every, train_s, eval_s)
+        return line
 
 
 class _RunLogHandler(logging.Handler):
@@ -229,13 +308,16 @@ class RoundReporter:
 
     Time estimates, one line each and once per start, where the lines go: after the first measured block of a
     set-up that reports its progress (``SetupStep`` with ``done``/``total``), the set-up time left; after the first
-    round of this start, the rest of the run (``run_estimate_line``, with ``eval_every`` the evaluation cadence).
-    Either is printed only when it exceeds ``ESTIMATE_MIN_SECONDS``.
+    round of this start a rough estimate of the rest of the run, after the second one from its rate, later when it
+    moved (``RunEstimator``, with ``eval_every`` the evaluation cadence). An estimate is printed only when it
+    exceeds ``ESTIMATE_MIN_SECONDS`` (or corrects an earlier one). ``setup_echo`` also receives each set-up line
+    (with ``console=False``: a comparison says which run is setting up and where it stands).
     """
 
     def __init__(self, run_dir: Path, total: int, initial: int, desc: str, metric: str, console: bool = True,
-                 eval_every: int = 1):
+                 eval_every: int = 1, setup_echo: Optional[Callable[[str], None]] = None):
         self.run_dir = Path(run_dir)
+        self.setup_echo = setup_echo  # also receives every set-up line (fl compare / reproduce without a console)
         self.total, self.initial, self.desc, self.metric = total, initial, desc, metric
         self.eval_every = eval_every
         self.console = console
@@ -243,7 +325,7 @@ class RoundReporter:
         # units None while unknown (a set-up resumed part-way: the first step only marks where it stands)
         self._setup_mark: Optional[Tuple[float, Optional[int]]] = None
         self._setup_estimated = False
-        self._run_estimated = False
+        self._estimator = RunEstimator(total, eval_every)
         self.bar = None
         # lines whenever stdout is not a terminal, and also when no bar can be drawn (stderr redirected)
         self.lines = console and (not _isatty(sys.stdout) or not _isatty(sys.stderr))
@@ -305,10 +387,15 @@ class RoundReporter:
                 self.bar.set_description(f"{self.desc} set-up")
             self.bar.n = done
             self.bar.refresh()
-        self._say(f"set-up: {text}")
+        self._setup_say(f"set-up: {text}")
         estimate = self._setup_estimate(done, total)
         if estimate is not None:
-            self._say(estimate)
+            self._setup_say(estimate)
+
+    def _setup_say(self, line: str) -> None:
+        self._say(line)
+        if self.setup_echo is not None:
+            self.setup_echo(line)
 
     def _setup_estimate(self, done: Optional[int], total: Optional[int]) -> Optional[str]:
         if self._setup_estimated or self._setup_mark is None or done is None or not total:
@@ -351,11 +438,9 @@ class RoundReporter:
                 self.bar.write(line, file=sys.stdout)
             else:
                 print(line, file=sys.stdout, flush=True)
-        if not self._run_estimated:  # the first round of this start
-            self._run_estimated = True
-            estimate = run_estimate_line(record, seconds, self.total, self.eval_every)
-            if estimate is not None:
-                self._say(estimate)
+        estimate = self._estimator.add(record, seconds)
+        if estimate is not None:
+            self._say(estimate)
 
 
 def _isatty(stream: Any) -> bool:
