@@ -105,6 +105,10 @@ def measure_run(cfg: Any, run_dir: Path, on_setup: Optional[Callable[[str], None
         return {"failed": _reason(exc)}
     if summary.get("rounds_completed", 0) < wanted:  # Ctrl-C paused it earlier (checkpointed): stop here too
         raise KeyboardInterrupt
+    if summary.get("rounds_completed") == int(cfg.rounds) and not summary.get("interrupted"):
+        from .compare import record_verified  # a run short enough to finish while measured: verified as compare's
+
+        record_verified(Path(run_dir))
     spent = time.perf_counter() - started
     timing = timing_from_records(read_records(Path(run_dir) / "metrics.jsonl"), spent)
     return {"failed": "no round logged"} if timing is None else {**asdict(timing), "seconds": spent}
