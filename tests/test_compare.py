@@ -334,10 +334,10 @@ def test_incomplete_runs_are_left_out_of_the_statistics_and_fail_the_cli(tmp_pat
 
     real = compare._execute
 
-    def interrupted_on_seed1(cfg, run_dir, state, progress):
+    def interrupted_on_seed1(cfg, run_dir, state, progress, *rest):
         if run_dir.name.endswith("seed1"):  # as a Ctrl-C after round 1 would leave it
             return Simulation(cfg, run_dir=run_dir, tensorboard=False).run(stop_after=1)
-        return real(cfg, run_dir, state, progress)
+        return real(cfg, run_dir, state, progress, *rest)
 
     monkeypatch.setattr(compare, "_execute", interrupted_on_seed1)
     runner = CliRunner()
