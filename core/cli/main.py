@@ -5,6 +5,8 @@ import logging
 
 import click
 
+INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Show debug logging (client tracebacks).")
@@ -53,7 +55,17 @@ def main() -> None:
 
     restore()  # Ctrl-C raises KeyboardInterrupt again, which each command handles (fl run: exit 130)
     apply_cli_default()  # one torch thread unless OMP_NUM_THREADS says otherwise (docs/performance.md, "Threads")
-    cli(prog_name="fl")
+    try:
+        # not standalone: click would turn a Ctrl-C that lands outside a command's own handling (while it parses
+        # the options or imports the engine) into "Aborted!" and exit status 1; Ctrl-C is 130 everywhere
+        code = cli.main(prog_name="fl", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("interrupted (Ctrl-C); the command stopped before it finished", err=True)
+        code = INTERRUPTED
+    except click.ClickException as error:  # what standalone mode prints: usage errors, exit status 2
+        error.show()
+        code = error.exit_code
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover
