@@ -1,7 +1,6 @@
 """Batched execution of a round's clients (clients.batched, core/engine/batched.py): the same numbers as the
 sequential path within float tolerance, per-client isolation kept, and the decision said plainly."""
 import json
-import os
 import time
 
 import pytest
@@ -161,11 +160,10 @@ THIRTY_OVERRIDES = {"fedbn": {"model": {"name": "fedbn_cnn", "channels": [4], "h
 # (pflkit.core.testing.assert_batched_matches_sequential); thirty rounds run for four shapes of trainer in every test
 # run (one model, two models, a cheap personal head, a regression) and for all of them with PFLKIT_SLOW_TESTS=1
 THIRTY_ALWAYS = ("fedavg", "ditto", "fedcac", "pcfl")
-_SLOW = [pytest.mark.slow, pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"),
-                                              reason="slow: set PFLKIT_SLOW_TESTS=1")]
 
 
-@pytest.mark.parametrize("algorithm", [a if a in THIRTY_ALWAYS else pytest.param(a, marks=_SLOW) for a in THIRTY])
+@pytest.mark.parametrize("algorithm", [a if a in THIRTY_ALWAYS else pytest.param(a, marks=pytest.mark.slow)
+                                       for a in THIRTY])
 def test_thirty_digits_rounds_end_within_a_third_of_a_point(tmp_path, algorithm):
     over = _merge(DIGITS_30, THIRTY_OVERRIDES.get(algorithm, {}))
     _, seq = tiny_run(algorithm, tmp_path / "seq", over, THIRTY[algorithm] + ("clients.batched=off",))

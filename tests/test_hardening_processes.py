@@ -30,8 +30,7 @@ TINY_SETS = ["--set", "partition.num_clients=4", "--set", "model.name=mlp", "--s
              "--set", "train.batch_size=32"]
 WAIT = 240  # seconds any one process may take here (a loaded 2-core machine starts torch slowly)
 # the costlier variants (another start of 2 processes each) run with PFLKIT_SLOW_TESTS=1, as in test_distributed
-SLOW = [pytest.mark.slow, pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"),
-                                             reason="slow: set PFLKIT_SLOW_TESTS=1")]
+SLOW = pytest.mark.slow  # skipped unless PFLKIT_SLOW_TESTS=1 (tests/conftest.py)
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ number, fails this test; the fix is to paste the new output into the README.
 
 One run of the README's FedCP example: about 25-40 s of CPU time (30 rounds, 20 clients, the 8x8 digits).
 """
-import os
 import re
 import shlex
 
@@ -73,11 +72,9 @@ def test_readme_output_blocks_are_parsed():
 
 # the README's FedCP example is 30 rounds of FedCP (about 100 s of the CI's 20 minutes under a parallel test run):
 # checked with PFLKIT_SLOW_TESTS=1, like the other whole-run equalities; the blocks are parsed in every run above
-_SLOW = [pytest.mark.slow, pytest.mark.skipif(not os.environ.get("PFLKIT_SLOW_TESTS"),
-                                              reason="slow: set PFLKIT_SLOW_TESTS=1")]
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=_SLOW)
+@pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.slow)
                                      for c in sorted({c for c, _ in doccheck.output_blocks(doccheck.README)})])
 def test_readme_output_matches_a_fresh_run(command, tmp_path):
     printed = doccheck.run_fl(command, tmp_path)

@@ -5,8 +5,6 @@ import logging
 
 import click
 
-INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Show debug logging (client tracebacks).")
@@ -50,7 +48,7 @@ _register_commands()
 
 
 def main() -> None:
-    from ..cli_start import restore
+    from ..cli_start import INTERRUPTED, restore
     from ..common.threads import apply_cli_default
 
     restore()  # Ctrl-C raises KeyboardInterrupt again, which each command handles (fl run: exit 130)

@@ -425,7 +425,7 @@ class Simulation(RoundLoop):
 
 def _import_optimizer_machinery() -> None:
     """The first torch optimizer a process builds imports ``torch._dynamo`` (``Optimizer.add_param_group`` is wrapped
-    by ``torch._disable_dynamo``): about 1 s and 110 MiB on the reference machine. A sequential client builds one in
+    by ``torch._disable_dynamo``): 0.9-2.5 s and 110-150 MiB (docs/performance.md, "Round overhead"). A sequential client builds one in
     round 1, so the import is paid here, in the set-up, and round 1 -- which the run-time estimate and the round
     timers see -- costs what the later rounds cost. The batched path builds no optimizer and skips it."""
     import torch._dynamo  # noqa: F401
