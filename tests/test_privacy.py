@@ -335,7 +335,59 @@ def test_the_bit_pattern_screen_never_undercounts():
             t[torch.randint(0, 300, (40,), generator=g)] = x.reshape(-1)[picks].to(dtype)
             t[:2] = torch.tensor([-0.0, 0.1]).to(dtype)  # -0.0 is the row value 0.0; float32's 0.1 is not 0.1
             exact = rows._row_values(_widen(t))
-            assert rows._screened([t]) >= exact, dtype
-    assert rows._screened([torch.tensor([0.1] * 10, dtype=torch.float32)]) == 0  # nothing float32 holds equals 0.1
-    assert rows._screened([torch.tensor([0.1] * 10, dtype=torch.float64)]) == 10
-    assert rows._screened([torch.tensor([-0.0, -7.25, 5.0])]) == 3
+            assert rows._screened([t])[0] >= exact, dtype
+    assert rows._screened([torch.tensor([0.1] * 10, dtype=torch.float32)])[0] == 0  # nothing float32 holds equals 0.1
+    assert rows._screened([torch.tensor([0.1] * 10, dtype=torch.float64)])[0] == 10
+    assert rows._screened([torch.tensor([-0.0, -7.25, 5.0])]) == (3, 1)
+
+
+def test_row_hashes_of_one_hot_rows_do_not_collide():
+    """One-hot rows hold only 0.0 and 1.0, whose float64 bit patterns end in 52 zero bits: a hash that multiplies
+    the raw patterns keeps 12 bits of each row (Adult's one-hot rows fell into a few thousand buckets, an all-zero
+    window of a gradient matched a bucket, and each reply was compared against thousands of rows: minutes per PCFL
+    flow step). Mixed bit patterns give every distinct row its own hash and no zero window a candidate."""
+    from pflkit.core.engine.privacy import PrivacyGuard, _ClientRows, _RollingHash
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.zeros(3000, 100)
+    for r in range(len(x)):
+        x[r, torch.randperm(100, generator=g)[:8]] = 1.0
+    hasher = _RollingHash()
+    rows = _ClientRows([x], [], hasher)
+    distinct = len(torch.unique(x, dim=0))
+    assert len(rows.known) == distinct  # one hash per distinct row
+    grad = torch.zeros(20000)
+    grad[::97] = torch.randn(len(grad[::97]), generator=g)
+    grad[5::311] = 1.0
+    found = sum(len(offsets) for _, offsets, _ in hasher.candidates(grad, 100, rows.filter))
+    assert found < 20000 // 32  # the filter passes about 1 window in 64, not every zero window
+    guard = PrivacyGuard()
+    guard.register(0, [x], [])
+    assert guard.violation(0, {"g": grad}) is None
+    leak = grad.clone()
+    leak[1000:1100] = x[17]
+    assert "input row" in guard.violation(0, {"g": leak})
+
+
+def test_a_tensor_with_fewer_non_zero_row_values_than_the_sparsest_row_is_not_scanned():
+    """Zeros are row values of one-hot and image rows, and gradients are full of them: the shortcut also counts the
+    non-zero row values against the sparsest checked row's, and a row among enough of them is still found."""
+    from pflkit.core.engine.privacy import PrivacyGuard, _ClientRows, _RollingHash
+
+    x = torch.zeros(4, 12)
+    x[0, [1, 4, 9]] = 1.0
+    x[1, [0, 2, 5, 7]] = 1.0
+    x[2, [3, 6, 8, 10, 11]] = 1.0
+    rows = _ClientRows([x], [], _RollingHash())  # row 3 is constant (all zeros): not checked
+    assert rows.zero_is_value and rows.min_nonzero == 3
+    grad = torch.randn(500) * 0.1
+    grad[::2] = 0.0
+    grad[7], grad[100] = 1.0, 1.0  # two non-zero row values: fewer than the sparsest row's three
+    assert not rows.may_hold_a_row(grad) and rows.none_may_hold_a_row([grad])
+    grad[300] = 1.0
+    assert rows.may_hold_a_row(grad) and not rows.none_may_hold_a_row([grad])
+    guard = PrivacyGuard()
+    guard.register(0, [x], [])
+    assert guard.violation(0, {"g": grad}) is None
+    grad[200:212] = x[0]
+    assert "input row" in guard.violation(0, {"g": grad})

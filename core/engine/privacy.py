@@ -48,11 +48,27 @@ _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # in chunks of _CHUNK, so a reply's scan needs O(_CHUNK + row length) memory whatever its size
 _BASE = 0x9E3779B97F4A7C15
 _CHUNK = 1 << 16
+# splitmix64's finaliser (shift, multiplier) steps, applied to each value's bit pattern before it is hashed: the
+# patterns of round values (0.0, 1.0, anything of float32 origin) end in up to 52 zero bits, and multiplying them raw
+# kept as few bits of a row (Adult's one-hot rows shared a few thousand hashes, so the zero windows of a gradient
+# became candidates compared exactly against thousands of rows: minutes a reply). 0 still hashes to 0.
+_MIX = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None))
 
 
 def _int64(v: int) -> int:
     v %= 1 << 64
     return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _mix_(bits: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 bit patterns, in place (``scratch``: a buffer of the same size); int64
+    arithmetic wraps, and the right shifts are made logical by masking the sign bits they copy."""
+    for shift, multiplier in _MIX:
+        torch.bitwise_right_shift(bits, shift, out=scratch)
+        bits.bitwise_xor_(scratch.bitwise_and_((1 << (64 - shift)) - 1))
+        if multiplier is not None:
+            bits.mul_(_int64(multiplier))
+    return bits
 
 
 def _attributes(obj: Any) -> Dict[str, Any]:
@@ -197,7 +213,7 @@ class _ClientRows:
                 # a row holding NaN equals nothing (torch.equal), so no match of it could ever be confirmed; its
                 # fingerprint would only make every all-NaN window of a NaN model a candidate, each compared
                 # exactly against every such row (20-400x the cost of a round), so it is not fingerprinted
-                checked = (rows != rows[:, :1]).any(dim=1) & ~rows.isnan().any(dim=1)
+                checked = self._checked(source)
                 prints = hasher.rows(rows)
                 for i in torch.nonzero(checked).flatten().tolist():
                     self.index.setdefault(int(prints[i]), []).append((s, i))
@@ -215,12 +231,38 @@ class _ClientRows:
             if len(distinct) <= MAX_VALUE_SET:
                 self.values = distinct
         self.screens = _screens(self.values) if self.values is not None else {}
+        # the fewest non-zero values a checked row holds: a tensor holding fewer non-zero row values holds no row
+        # (gradients and sparse weights are full of exact zeros, which one-hot and image rows also hold, so the
+        # count of all row values alone rarely settles anything there)
+        self.zero_is_value = self.values is not None and bool((self.values == 0).any())
+        self.min_nonzero = self.row_len
+        if self.zero_is_value:
+            for source in self.sources:
+                checked = self._checked(source)
+                if bool(checked.any()):
+                    nonzero = (_widen(source)[checked] != 0).sum(dim=1)
+                    self.min_nonzero = min(self.min_nonzero, int(nonzero.min()))
+
+    @staticmethod
+    def _checked(source: torch.Tensor) -> torch.Tensor:
+        """Which rows of ``source`` are checked: not constant, no NaN (see the module docstring)."""
+        rows = _widen(source)
+        return (rows != rows[:, :1]).any(dim=1) & ~rows.isnan().any(dim=1)
 
     def may_hold_a_row(self, t: torch.Tensor) -> bool:
-        """False only when ``t`` holds fewer values from the client's rows than a row has (a sound shortcut)."""
+        """False only when ``t`` holds fewer values from the client's rows than a row has, or fewer non-zero ones
+        than the sparsest checked row (a sound shortcut)."""
         if self.values is None:
             return True
-        return self._row_values(_widen(t.reshape(-1))) >= self.row_len
+        return self._enough(_widen(t.reshape(-1)))
+
+    def _enough(self, flat: torch.Tensor) -> bool:
+        """Whether the float64 values ``flat`` hold as many row values as a row and as many non-zero row values as
+        the sparsest checked row."""
+        found = self._row_values(flat)
+        if found < self.row_len:
+            return False
+        return not self.zero_is_value or found - int((flat == 0).sum()) >= self.min_nonzero
 
     def none_may_hold_a_row(self, parts: List[torch.Tensor]) -> bool:
         """True when ``parts`` together hold fewer values from the client's rows than a row has: then none of them
@@ -228,25 +270,29 @@ class _ClientRows:
         if self.values is None or not parts:
             return False
         flats = [p.reshape(-1) for p in parts]
-        if self._screened(flats) < self.row_len:  # an upper bound of the count, cheaper than the count
+        screened, zeros = self._screened(flats)  # an upper bound of the count, cheaper than the count
+        if screened < self.row_len or (zeros is not None and screened - zeros < self.min_nonzero):
             return True
         if all(f.dtype == flats[0].dtype for f in flats):  # one copy to float64, the values as _widen gives them
             joined = _widen(torch.cat(flats))
         else:
             joined = torch.cat([_widen(f) for f in flats])
-        return self._row_values(joined) < self.row_len
+        return not self._enough(joined)
 
-    def _screened(self, flats: List[torch.Tensor]) -> int:
+    def _screened(self, flats: List[torch.Tensor]) -> Tuple[int, Optional[int]]:
         """An upper bound of how many of ``flats``' values are values of the client's rows: float32 and float64
         values are looked up by the low bits of their bit patterns (a value equal to a row value has its bit
         pattern, -0.0 folded into 0.0, so it is always counted; others collide now and then); values of other
-        dtypes are counted exactly."""
-        total = 0
+        dtypes are counted exactly. With it, when 0 is a row value, the number of zeros among the counted values
+        (every zero is counted then), so that the difference bounds the non-zero row values; else None."""
+        total, zeros = 0, 0
         by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
         for f in flats:
             by_dtype.setdefault(f.dtype, []).append(f)
         for dtype, group in by_dtype.items():
             joined = torch.cat(group) if len(group) > 1 else group[0]
+            if self.zero_is_value:
+                zeros += int((joined == 0).sum())
             screen = self.screens.get(dtype)
             if screen is None:
                 total += self._row_values(_widen(joined))
@@ -254,7 +300,7 @@ class _ClientRows:
             table, mask, itype = screen
             bits = (joined + 0.0).view(itype).bitwise_and_(mask)
             total += int(table.index_select(0, bits).sum())
-        return total
+        return total, (zeros if self.zero_is_value else None)
 
     def _row_values(self, flat: torch.Tensor) -> int:
         """How many of the float64 values ``flat`` are values of the client's rows."""
@@ -301,14 +347,14 @@ class _Filter:
 
 
 class _RollingHash:
-    """h(v[p:p+n]) = sum_j bits(v[p+j]) * B^j mod 2^64 of float64 bit patterns, for one row or for every offset p
+    """h(v[p:p+n]) = sum_j mix(bits(v[p+j])) * B^j mod 2^64 of float64 bit patterns, for one row or for every offset p
     of a sequence.
 
     Wrapping int64 arithmetic, so the result does not depend on summation order. At offset p the prefix sums
     give B^p * h, and B's inverse power undoes the B^p: one pass over the sequence whatever the row length.
     Sequences are read in chunks of _CHUNK windows into buffers kept between replies (fresh multi-megabyte
-    buffers per reply cost more in page faults than the arithmetic). Float32-origin values end in 29 zero bits,
-    and so do their hashes: a hash's high bits pick its filter bit."""
+    buffers per reply cost more in page faults than the arithmetic). ``mix`` (splitmix64's finaliser) spreads the
+    bits of round values over the whole word; a hash's high bits pick its filter bit."""
 
     def __init__(self) -> None:
         self._pow = torch.ones(1, dtype=torch.int64)
@@ -333,7 +379,8 @@ class _RollingHash:
 
     def rows(self, rows: torch.Tensor) -> torch.Tensor:
         powers, _ = self._tables(rows.shape[1])
-        return (rows.contiguous().view(torch.int64) * powers[: rows.shape[1]]).sum(dim=1)
+        bits = rows.contiguous().view(torch.int64).clone()
+        return (_mix_(bits, torch.empty_like(bits)) * powers[: rows.shape[1]]).sum(dim=1)
 
     def candidates(self, source: torch.Tensor, n: int, filt: _Filter
                    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -347,7 +394,8 @@ class _RollingHash:
             values = self._buffer("values", m, torch.float64)
             values.copy_(source[start: start + m]).add_(0.0)
             terms = self._buffer("terms", m, torch.int64)
-            torch.mul(values.view(torch.int64), powers[:m], out=terms)
+            terms.copy_(values.view(torch.int64))
+            _mix_(terms, self._buffer("scratch", m, torch.int64)).mul_(powers[:m])
             prefix = self._buffer("prefix", m + 1, torch.int64)
             prefix[0] = 0
             torch.cumsum(terms, 0, out=prefix[1:])
