@@ -28,6 +28,7 @@ Every message is counted in the run's communication totals by the core.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
@@ -43,13 +44,31 @@ from .trainer import BASE_PROTOCOLS, PROTOCOL_PREFIX, build_flow
 log = logging.getLogger("pflkit")
 # the flow's two phases (Algorithm 1: g fitted first, then h with g frozen), as set-up progress names them
 FLOW_LOSS_NAMES = {"recon": "reconstruction loss of g", "nll": "NLL of h"}
+FLOW_TRAININGS = ("algorithm1", "authors")
 
 AGGREGATOR_PARAMS = {
     "latent_dim": Param(None, "manifold dimension d' (Eq. 8); default: the paper's value for the dataset (pcfl_sine "
                               "2, emnist/FEMNIST 12, adult 32, cifar10 256), else 2", type=int, check=positive),
-    "flow_epochs": Param(400, "Algorithm 1's T_m: flow training steps, each one mini-batch per selected client and "
-                              "one server Adam step; the first half fits g (reconstruction), the second h (NLL)",
-                         check=positive),
+    "flow_training": Param("algorithm1", "algorithm1 = Algorithm 1 as printed: flow_epochs steps, each one "
+                                         "mini-batch from each of a flow_join_ratio subset of the clients and one "
+                                         "Adam step at a constant flow_lr; authors = the authors' train_manifold.py: "
+                                         "flow_recon_epochs then flow_density_epochs passes over the pooled training "
+                                         "rows of every client in mini-batches of flow_batch_size (each client "
+                                         "computes the gradient on its rows of a batch), AdamW with "
+                                         "flow_weight_decay, a cosine learning rate per phase, the gradient norm "
+                                         "clipped at flow_clip, their loss weights (1000 x MSE + 0.01 x mean g(z)^2; "
+                                         "NLL in bits per dimension)", choices=FLOW_TRAININGS),
+    "flow_epochs": Param(400, "algorithm1: Algorithm 1's T_m, flow training steps, each one mini-batch per selected "
+                              "client and one server Adam step; the first half fits g (reconstruction), the second "
+                              "h (NLL)", check=positive),
+    "flow_recon_epochs": Param(70, "authors: passes over the pooled rows fitting g (their Adult and CIFAR-10 "
+                                   "scripts: 70 and 50)", check=positive),
+    "flow_density_epochs": Param(70, "authors: passes over the pooled rows fitting h with g fixed (their scripts: "
+                                     "70)", check=positive),
+    "flow_weight_decay": Param(1e-5, "authors: AdamW's decoupled weight decay (their default 1e-5)",
+                               check=lambda v: None if v >= 0 else "must be >= 0"),
+    "flow_clip": Param(10.0, "authors: the flow's gradient norm is clipped to this (their default 10)",
+                       check=positive),
     "flow_batch_size": Param(50, "Algorithm 1's B_m: samples per client mini-batch (authors' code: 50; 100 for "
                                  "CIFAR-10 and FEMNIST)", check=positive),
     "flow_lr": Param(3e-4, "Adam learning rate of the flow (authors' CIFAR-10 script: 3e-4; their synthetic run "
@@ -64,8 +83,8 @@ AGGREGATOR_PARAMS = {
                                      "squared error (the authors' code)", choices=("norm", "mse")),
     "flow_pad": Param(1, "regression only: zeros between x and y in z = (x, 0, y) (paper section 5.1)",
                       check=lambda v: None if v >= 0 else "must be >= 0"),
-    "setup_block": Param(50, "flow steps between set-up checkpoints (a resumed run continues from the last one)",
-                         check=positive),
+    "setup_block": Param(50, "algorithm1: flow steps between set-up checkpoints (a resumed run continues from the "
+                             "last one); authors: one checkpoint per pass", check=positive),
     "alpha_average": Param("all", "Eq. 11's mean over k != i: all = 1/(N-1) with empty overlaps counting 0 (as "
                                   "printed); contributing = the mean over the clients that hold D^{i,k}",
                            choices=AVERAGES),
@@ -104,8 +123,15 @@ class PcflServerMixin:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(ctx.seed, "pcfl-flow-init"))
             self.flow = build_flow(self.arch, ctx.device)
-        self.flow_opt = torch.optim.Adam(self.flow.parameters(), lr=float(hp.flow_lr))
+        self.authors = hp.flow_training == "authors"
+        if self.authors:  # one AdamW for both phases = their fresh one per phase: the phases' parameters are
+            # disjoint, and AdamW skips (and never decays) a parameter without a gradient
+            self.flow_opt = torch.optim.AdamW(self.flow.parameters(), lr=float(hp.flow_lr),
+                                              weight_decay=float(hp.flow_weight_decay))
+        else:
+            self.flow_opt = torch.optim.Adam(self.flow.parameters(), lr=float(hp.flow_lr))
         self.flow_step = 0
+        self.flow_sizes: Dict[int, int] = {}  # authors' schedule: each client's training rows
         self.regions_done = False
         n = ctx.num_clients
         self.counts = torch.zeros(n, n, dtype=torch.long)   # counts[i, k] = |D^{i,k}|, reported by k
@@ -117,9 +143,11 @@ class PcflServerMixin:
     def setup_steps(self, comm) -> Iterator[SetupStep]:
         """Algorithm 1, then Algorithm 2 lines 1-2; yields after each resumable block (see core simulation) a
         line with the block's mean losses; progress is counted in flow steps plus one for the regions."""
+        if self.authors:
+            yield from self._authors_flow(comm)
         total, block = int(self.ctx.hp.flow_epochs), int(self.ctx.hp.setup_block)
         units = total + 1
-        while self.flow_step < total:
+        while not self.authors and self.flow_step < total:
             first, stop = self.flow_step, min(total, self.flow_step + block)
             losses: Dict[str, list] = {}
             while self.flow_step < stop:
@@ -128,6 +156,8 @@ class PcflServerMixin:
             means = ", ".join(f"{FLOW_LOSS_NAMES[p]} {np.mean(v):.4f}" for p, v in losses.items())
             yield SetupStep(f"PCFL flow steps {first + 1}-{stop} of {total} (Algorithm 1): mean {means}",
                             stop, units)
+        if self.authors:
+            units = int(self.ctx.hp.flow_recon_epochs) + int(self.ctx.hp.flow_density_epochs) + 1
         if not self.regions_done:
             self._regions(comm)
             self.regions_done = True
@@ -136,6 +166,44 @@ class PcflServerMixin:
                             f"({100 * r.get('overlap_pair_fraction', 0.0):.1f}%), synthetic samples "
                             f"{int(r.get('synthetic_got', 0))} of {int(r.get('synthetic_wanted', 0))} wanted",
                             units, units)
+
+    def _authors_flow(self, comm) -> Iterator[SetupStep]:
+        """The authors' train_manifold.py, federated: pass e over the pooled rows is a seeded permutation cut into
+        mini-batches of B_m; a batch's rows stay on their clients, each computes its mean loss and gradient on
+        them, and the sample-weighted average the server forms is the pooled batch's gradient. One AdamW step per
+        batch at the pass's cosine learning rate (their CosineAnnealingLR, stepped per pass, per phase), the
+        phase's gradient norm clipped. A checkpoint after every pass."""
+        hp = self.ctx.hp
+        recon, density = int(hp.flow_recon_epochs), int(hp.flow_density_epochs)
+        if not self.flow_sizes:
+            replies = comm.send({c: Message("pcfl_flow_size", {}) for c in comm.client_ids})
+            self.flow_sizes = {int(c): int(replies[c]["n"]) for c in sorted(replies)}
+        cids = sorted(self.flow_sizes)
+        sizes = torch.tensor([self.flow_sizes[c] for c in cids], dtype=torch.long)
+        pooled, batch = int(sizes.sum()), int(hp.flow_batch_size)
+        if pooled == 0:
+            raise PflError("PCFL flow (authors' schedule): no client holds a training row")
+        ends = sizes.cumsum(0)
+        per_pass = -(-pooled // batch)
+        while self.flow_step < (recon + density) * per_pass:
+            epoch, first = divmod(self.flow_step, per_pass)
+            phase, k, length = ("recon", epoch, recon) if epoch < recon else ("nll", epoch - recon, density)
+            lr = float(hp.flow_lr) * (1 + math.cos(math.pi * k / length)) / 2 if length > 1 else float(hp.flow_lr)
+            order = torch.randperm(pooled, generator=torch.Generator().manual_seed(
+                derive_seed(self.ctx.seed, "pcfl-flow-pass", epoch)))
+            losses = []
+            for b in range(first, per_pass):
+                rows = order[b * batch:(b + 1) * batch]
+                owner = torch.searchsorted(ends, rows, right=True)
+                starts = ends - sizes
+                shares = {cids[int(j)]: rows[owner == j] - starts[j] for j in torch.unique(owner).tolist()}
+                losses.append(self._flow_update(comm, phase, {c: {"rows": r} for c, r in shares.items()}, lr))
+            yield SetupStep(f"PCFL flow pass {epoch + 1} of {recon + density} (the authors' schedule, "
+                            f"{per_pass} batches, lr {lr:.3g}): mean {FLOW_LOSS_NAMES[phase]} "
+                            f"{np.mean(losses):.4f}", epoch + 1, recon + density + 1)
+            if self.ctx.logger is not None:
+                self.ctx.logger.log_scalar(f"pcfl/flow/{phase}", float(np.mean(losses)),
+                                           step=epoch + 1 - (recon + density))
 
     def _flow_state(self) -> Dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.flow.state_dict().items()}
@@ -148,9 +216,22 @@ class PcflServerMixin:
         rng = np.random.default_rng(derive_seed(self.ctx.seed, "pcfl-flow-step", t))
         m = max(1, min(len(ids), int(round(float(hp.flow_join_ratio) * len(ids)))))
         chosen = sorted(int(c) for c in rng.choice(ids, size=m, replace=False))
+        loss = self._flow_update(comm, phase, {c: {} for c in chosen})
+        if self.ctx.logger is not None:
+            self.ctx.logger.log_scalar(f"pcfl/flow/{phase}", loss, step=t + 1 - total)
+        return phase, loss
+
+    def _flow_update(self, comm, phase: str, extra: Dict[int, Dict[str, Any]], lr: Optional[float] = None
+                     ) -> float:
+        """Send ``pcfl_flow_grad`` to the clients of ``extra`` (with their extra payload fields), average their
+        gradients weighted by their batch sizes (Algorithm 1 line 13) and take one optimiser step; the authors'
+        schedule sets the learning rate and clips the phase's gradient norm. Returns the weighted mean loss."""
+        hp, t = self.ctx.hp, self.flow_step
         payload = {"flow": self._flow_state(), "arch": self.arch, "phase": phase,
                    "batch_size": int(hp.flow_batch_size), "recon_loss": hp.flow_recon_loss}
-        replies = comm.send({c: Message("pcfl_flow_grad", payload) for c in chosen})
+        if self.authors:
+            payload["objective"] = "authors"
+        replies = comm.send({c: Message("pcfl_flow_grad", {**payload, **more}) for c, more in extra.items()})
         if not replies:
             raise PflError(f"PCFL flow step {t}: every selected client failed (run with -v for tracebacks)")
         cids = sorted(replies)
@@ -164,14 +245,17 @@ class PcflServerMixin:
                 g = replies[c]["grads"][name].to(self.ctx.device, torch.float64) * w
                 acc = g if acc is None else acc + g
             params[name].grad = acc.to(params[name].dtype)
+        if self.authors:
+            for group in self.flow_opt.param_groups:
+                group["lr"] = lr
+            torch.nn.utils.clip_grad_norm_([p for p in params.values() if p.grad is not None],
+                                           float(hp.flow_clip))
         self.flow_opt.step()
         self.flow_opt.zero_grad(set_to_none=True)
         loss = float(sum(w * float(replies[c]["loss"]) for w, c in zip(weights.tolist(), cids)))
         self.flow_step += 1
         self.report[f"flow_{phase}"] = loss
-        if self.ctx.logger is not None:
-            self.ctx.logger.log_scalar(f"pcfl/flow/{phase}", loss, step=t + 1 - total)
-        return phase, loss
+        return loss
 
     def _regions(self, comm) -> None:
         """Eq. 9 (regions up), their relay (down), Eq. 10/12 on the clients; counts kept for routing."""
@@ -261,7 +345,8 @@ class PcflServerMixin:
     def state_dict(self) -> Dict[str, Any]:
         return {"base": super().state_dict(),
                 "pcfl": {"flow": self._flow_state(), "flow_opt": self.flow_opt.state_dict(),
-                         "flow_step": self.flow_step, "regions_done": self.regions_done,
+                         "flow_step": self.flow_step, "flow_sizes": dict(self.flow_sizes),
+                         "regions_done": self.regions_done,
                          "counts": self.counts.clone(), "report": dict(self.report),
                          "report_pending": self.report_pending}}
 
@@ -271,6 +356,7 @@ class PcflServerMixin:
         self.flow.load_state_dict(own["flow"])
         self.flow_opt.load_state_dict(own["flow_opt"])
         self.flow_step = int(own["flow_step"])
+        self.flow_sizes = {int(c): int(n) for c, n in own.get("flow_sizes", {}).items()}
         self.regions_done = bool(own["regions_done"])
         self.counts = own["counts"].clone()
         self.report = dict(own["report"])

@@ -5,9 +5,12 @@ Eq. 14's two extra terms around any base algorithm's local update (Algorithm 2, 
 builds ``PCFL[BTrainer] = (PcflClientMixin, BTrainer)``, whose messages are the base's plus:
 
 set-up (round 0, see aggregator.py)
-  ``pcfl_flow_grad`` {flow, arch, phase, batch_size} -> {grads, loss, n}
-        Algorithm 1 lines 4-10: one mini-batch, the gradient of the reconstruction loss w.r.t. g (phase 'recon')
-        or of the NLL w.r.t. h with g fixed (phase 'nll').
+  ``pcfl_flow_size`` {} -> {n}
+        the number of training rows (only for ``aggregator.flow_training = authors``: pooled epochs are cut from it).
+  ``pcfl_flow_grad`` {flow, arch, phase, batch_size, [rows], [objective]} -> {grads, loss, n}
+        Algorithm 1 lines 4-10: one mini-batch (``batch_size`` rows the client draws, or the server's ``rows`` of a
+        pooled batch), the gradient of the reconstruction loss w.r.t. g (phase 'recon') or of the NLL w.r.t. h with
+        g fixed (phase 'nll'); ``objective`` 'authors' uses the authors' loss weights.
   ``pcfl_region`` {flow, arch} -> {region}
         Eq. 9: the latent codes of the client's training data, their convex hull(s) (hull vertices only) or
         boxes -- never a sample.
@@ -32,6 +35,7 @@ each set-up message carries it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -50,6 +54,9 @@ PROTOCOL_PREFIX = "pcfl/"
 ALPHA_MODES = ("update", "gradient")
 BASE_PROTOCOLS = ("global-model", "local")
 _ENCODE_CHUNK = 4096
+# the authors' train_manifold.py loss weights (--msefactor, --uvl2reg)
+AUTHORS_MSE_FACTOR = 1000.0
+AUTHORS_LATENT_L2 = 0.01
 
 TRAINER_PARAMS = {
     "alpha": Param(0.5, "Eq. 14 alpha: weight of the loss of client i's model on the overlaps D^{i,k} held by "
@@ -406,20 +413,43 @@ class PcflClientMixin:
     def _flow_input(self, x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         return flow_data(x, y, self.ctx.task, pad=int(self._flow_arch.get("pad", 1)))
 
+    def on_pcfl_flow_size(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        """How many training rows the client holds (the authors' schedule cuts pooled epochs from the counts)."""
+        return {"n": int(self.ctx.num_train)}
+
+    def _flow_rows(self, payload: Dict[str, Any]) -> torch.Tensor:
+        """The mini-batch's row indices: the server's share of a pooled batch (``rows``, authors' schedule), or
+        ``batch_size`` rows drawn by the client (Algorithm 1 line 4)."""
+        n = self.ctx.num_train
+        rows = payload.get("rows")
+        if rows is None:
+            return torch.randperm(n, generator=self.ctx.generator)[: int(payload["batch_size"])]
+        if not isinstance(rows, torch.Tensor) or rows.dtype != torch.long or rows.ndim != 1 or not len(rows) \
+                or bool(((rows < 0) | (rows >= n)).any()):
+            raise ValueError(f"pcfl_flow_grad: 'rows' must be a non-empty 1-D int64 tensor of indices in [0, {n})")
+        return rows
+
     def on_pcfl_flow_grad(self, payload: Dict[str, Any]) -> Dict[str, Any]:
-        """Algorithm 1 lines 4-10: gradients of one mini-batch's loss for the phase's parameters."""
+        """Algorithm 1 lines 4-10: gradients of one mini-batch's loss for the phase's parameters. ``objective``
+        'authors' is the authors' train_manifold.py loss: 1000 x MSE + 0.01 x mean g(z)^2 for g, the NLL in bits
+        per latent dimension for h."""
         flow = self._load_flow(payload)
         flow.train()
-        n = self.ctx.num_train
-        idx = torch.randperm(n, generator=self.ctx.generator)[: int(payload["batch_size"])]
+        idx = self._flow_rows(payload)
         x, y = self.ctx.train.batch(idx.to(self.ctx.train.y.device))
         z, c = self._flow_input(x, y)
-        phase = payload["phase"]
+        phase, authors = payload["phase"], payload.get("objective") == "authors"
         if phase == "recon":  # line 6: ||z - g^-1(Pad(Split(g(z))))||, gradients w.r.t. theta (g)
-            loss = flow.reconstruction_loss(z, c, kind=payload.get("recon_loss", "norm"))
+            if authors:
+                loss = AUTHORS_MSE_FACTOR * flow.reconstruction_loss(z, c, kind="mse") \
+                    + AUTHORS_LATENT_L2 * flow.latent_l2(z, c)
+            else:
+                loss = flow.reconstruction_loss(z, c, kind=payload.get("recon_loss", "norm"))
             prefix = "g."
         elif phase == "nll":  # line 9: negative log-likelihood of Split(g(z)) under h, g fixed; w.r.t. phi (h)
             loss = flow.nll_loss(z, c)
+            if authors:  # nats -> bits per latent dimension (their nat_to_bit_per_dim)
+                loss = loss / (math.log(2) * flow.latent_dim)
             prefix = "h."
         else:
             raise ValueError(f"unknown flow phase {phase!r}")

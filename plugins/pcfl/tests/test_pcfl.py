@@ -1,5 +1,6 @@
 """PCFL (Algorithm 2, Eq. 9-14) on tiny inputs: composition with each base, set-up resume, overlaps, synthetic
 sampling, routing and averaging of the overlap term, byte accounting, privacy, bad input, end to end."""
+import copy
 import io
 import json
 from pathlib import Path
@@ -503,3 +504,105 @@ def test_batched_matches_sequential(tmp_path):
          "trainer": {"clusters": 2, "synthetic_region": "own"},
          "aggregator": {"flow_epochs": 4, "setup_block": 2, "flow_hidden": 8, "flow_transforms": 2,
                         "flow_inner_transforms": 2, "flow_join_ratio": 0.5, "flow_batch_size": 20, "flow_lr": 0.01}}, tmp_path)
+
+
+# -- the authors' flow schedule (aggregator.flow_training = authors) -------------------------------------------------
+def _authors(tiny_sine, batch=20):
+    tiny_sine["aggregator"].update({"flow_training": "authors", "flow_recon_epochs": 2, "flow_density_epochs": 1,
+                                    "flow_batch_size": batch})
+    return tiny_sine
+
+
+def test_authors_schedule_passes_over_every_pooled_row_once_per_pass(tmp_path, tiny_sine):
+    """Each pass cuts one seeded permutation of the pooled rows into batches of flow_batch_size; each batch's rows go
+    to the clients holding them, so every client's rows are used exactly once a pass; phases by pass (2 + 1)."""
+    backend = RecordingBackend()
+    sim, out = run_sim(tmp_path, _authors(tiny_sine, batch=20), ["rounds=1"], backend=backend)
+    sizes = {cid: backend.contexts[cid].num_train for cid in sim.client_ids}
+    pooled = sum(sizes.values())
+    per_pass = -(-pooled // 20)
+    grads = [(cid, m.payload) for cid, m, _ in backend.log if m.kind == "pcfl_flow_grad"]
+    assert [m.kind for _, m, _ in backend.log[:len(sizes)]] == ["pcfl_flow_size"] * len(sizes)
+    assert sim.server.flow_step == 3 * per_pass and sim.server.flow_sizes == sizes
+    seen = [{cid: [] for cid in sizes} for _ in range(3)]
+    step = -1
+    last = None
+    for cid, payload in grads:
+        assert payload["objective"] == "authors"
+        key = id(payload["flow"])  # one payload (one flow state) per step, shared by its clients
+        if key != last:
+            step, last = step + 1, key
+        seen[step // per_pass][cid] += payload["rows"].tolist()
+        assert payload["phase"] == ("recon" if step < 2 * per_pass else "nll")
+    assert step == 3 * per_pass - 1
+    for passed in seen:
+        for cid, rows in passed.items():
+            assert sorted(rows) == list(range(sizes[cid]))
+
+
+def test_authors_schedule_gradient_is_the_pooled_batch_gradient(tmp_path, tiny_sine):
+    """The sample-weighted mean of the clients' replies for one batch equals the gradient of the authors' loss on
+    the pooled batch (1000 x MSE + 0.01 x mean g(z)^2), computed centrally from the same rows."""
+    from pflkit_pcfl.flow import flow_data
+    from pflkit_pcfl.trainer import AUTHORS_LATENT_L2, AUTHORS_MSE_FACTOR, build_flow
+
+    backend = RecordingBackend()
+    sim, _ = run_sim(tmp_path, _authors(tiny_sine, batch=50), ["rounds=1"], backend=backend)
+    first = [(cid, m.payload, r) for cid, m, r in backend.log if m.kind == "pcfl_flow_grad"]
+    first = [x for x in first if x[1]["flow"] is first[0][1]["flow"]]
+    assert len(first) >= 2  # a batch of 50 of 180 pooled rows spans several clients
+    flow = build_flow(first[0][1]["arch"], torch.device("cpu"))
+    flow.load_state_dict(first[0][1]["flow"])
+    xs, ys = zip(*(backend.contexts[cid].train.batch(p["rows"]) for cid, p, _ in first))
+    z, c = flow_data(torch.cat(xs), torch.cat(ys), sim.task, pad=1)
+    loss = AUTHORS_MSE_FACTOR * flow.reconstruction_loss(z, c, kind="mse") + AUTHORS_LATENT_L2 * flow.latent_l2(z, c)
+    names = [k for k, _ in flow.named_parameters() if k.startswith("g.")]
+    pooled = torch.autograd.grad(loss, [dict(flow.named_parameters())[k] for k in names])
+    total = sum(r["n"] for _, _, r in first)
+    assert total == 50
+    for name, g in zip(names, pooled):
+        mean = sum(r["grads"][name].double() * r["n"] / total for _, _, r in first)
+        assert torch.allclose(mean.float(), g, rtol=1e-4, atol=1e-5 * float(g.abs().max())), name  # float32 sums
+
+
+def test_authors_schedule_resumes_with_identical_numbers(tmp_path, tiny_sine):
+    whole, ref = run_sim(tmp_path, _authors(tiny_sine), ["rounds=1"], name="whole")
+    cfg = pcfl_cfg(_authors(copy.deepcopy(tiny_sine)), ["rounds=1"])
+    first = Simulation(cfg, run_dir=tmp_path / "cut", tensorboard=False).run(stop_in_setup=1)
+    assert first["interrupted"]
+    sim = Simulation.resume(tmp_path / "cut", tensorboard=False)
+    assert 0 < sim.server.flow_step < whole.server.flow_step
+    out = sim.run()
+    assert out["final"] == ref["final"]
+    for key, value in _server_state(whole)["flow"].items():
+        assert torch.equal(value, _server_state(sim)["flow"][key])
+
+
+def test_authors_schedule_lr_is_their_cosine_per_phase_and_clips(tmp_path, tiny_sine):
+    """The learning rate of each pass is CosineAnnealingLR's, restarted for the density phase; AdamW decays."""
+    sim = Simulation(pcfl_cfg(_authors(tiny_sine), ["rounds=1", "aggregator.flow_clip=0.001"]),
+                     run_dir=tmp_path / "r", tensorboard=False)
+    assert isinstance(sim.server.flow_opt, torch.optim.AdamW)
+    assert sim.server.flow_opt.param_groups[0]["weight_decay"] == 1e-5
+    lrs, norms = [], []
+    original = torch.nn.utils.clip_grad_norm_
+
+    def spy(params, max_norm, *a, **kw):
+        params = list(params)
+        original(params, max_norm, *a, **kw)
+        norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))))
+        lrs.append(sim.server.flow_opt.param_groups[0]["lr"])
+
+    import unittest.mock
+    with unittest.mock.patch("torch.nn.utils.clip_grad_norm_", spy):
+        sim.run()
+    per_pass = len(lrs) // 3
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.01)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=2)
+    expected = []
+    for _ in range(2):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        cosine.step()
+    assert [lrs[0], lrs[per_pass]] == pytest.approx(expected) and lrs[2 * per_pass] == pytest.approx(0.01)
+    assert max(norms) <= 0.001 * (1 + 1e-5)  # every step's gradient clipped to flow_clip
