@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -115,12 +115,38 @@ def iter_tensors(obj: Any):
 
 def first_non_finite(obj: Any, path: str = "") -> str | None:
     """Path of the first floating tensor holding NaN or Inf, or None."""
+    trail = _non_finite_trail(obj)
+    if trail is None:
+        return None
+    for is_index, step in reversed(trail):  # the path is spelled out only for a hit (every reply is checked)
+        path = f"{path}[{step}]" if is_index else (f"{path}.{safe_name(step)}" if path else safe_name(step))
+    return path or "<payload>"
+
+
+def _non_finite_trail(obj: Any) -> Optional[List[Tuple[bool, Any]]]:
+    """(is a list index, key or index) steps to the first non-finite value, innermost first; None when every value
+    is finite."""
     if isinstance(obj, torch.Tensor):
         # a finite sum has only finite terms (an inf or NaN term makes it inf or NaN): one cheap reduction, and the
         # elementwise test (10-100x slower) only when the sum is not finite (NaN/Inf, or finite terms overflowing it)
         if obj.is_floating_point() and not bool(torch.isfinite(obj.sum())) and not bool(torch.isfinite(obj).all()):
-            return path or "<payload>"
+            return []
         return None
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else []
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            hit = _non_finite_trail(v)
+            if hit is not None:
+                hit.append((False, k))
+                return hit
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            hit = _non_finite_trail(v)
+            if hit is not None:
+                hit.append((True, i))
+                return hit
+    return None
     if isinstance(obj, float):
         return None if math.isfinite(obj) else (path or "<payload>")
     if isinstance(obj, Mapping):

@@ -122,6 +122,13 @@ class EvalResult:
         return {"num_samples": self.num_samples, "loss_sum": self.loss_sum, "metric_sum": self.metric_sum}
 
 
+def _loss_sum(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The batch's loss summed over samples (per target value for a regression target of several values)."""
+    if task.kind == "classification":
+        return task.loss(out, y, reduction="sum")
+    return task.loss(out, y, reduction="sum") / max(1, y[0].numel())
+
+
 @torch.no_grad()
 def evaluate(forward: Callable[[torch.Tensor], torch.Tensor] | nn.Module, data: TensorData, task: Task,
              batch_size: int = 1024, modules: Iterable[nn.Module] = ()) -> EvalResult:
@@ -136,11 +143,18 @@ def evaluate(forward: Callable[[torch.Tensor], torch.Tensor] | nn.Module, data: 
     loss_sum = torch.zeros((), device=data.y.device)
     metric_sum = torch.zeros((), device=data.y.device)
     try:
-        for x, y in minibatches(data, batch_size, shuffle=False):
+        if 0 < len(data) <= batch_size and data.transform is None:
+            # one batch (the common case): the split itself, no index copy; the sums land in the accumulators'
+            # dtype exactly as ``+=`` would put them there (0 + v, rounded to it)
+            x, y = data.x, data.y
             out = forward(x)
-            loss_sum += task.loss(out, y, reduction="sum") if task.kind == "classification" else \
-                task.loss(out, y, reduction="sum") / max(1, y[0].numel())
-            metric_sum += task.metric_sum(out, y)
+            loss_sum.copy_(_loss_sum(task, out, y))
+            metric_sum.copy_(task.metric_sum(out, y))
+        else:
+            for x, y in minibatches(data, batch_size, shuffle=False):
+                out = forward(x)
+                loss_sum += _loss_sum(task, out, y)
+                metric_sum += task.metric_sum(out, y)
     finally:
         for m, t in zip(modules, was_training):
             m.train(t)

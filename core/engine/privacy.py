@@ -88,34 +88,54 @@ def _attributes(obj: Any) -> Dict[str, Any]:
 
 def first_non_plain(obj: Any, path: str = "") -> Optional[Tuple[str, str]]:
     """(path, what is wrong) of the first value that is not plain data, or None."""
-    where = path or "<reply>"
+    found = _non_plain_trail(obj)
+    if found is None:
+        return None
+    trail, what = found
+    for kind, step in reversed(trail):  # the path is spelled out only for a hit (every reply is checked)
+        if kind == "index":
+            path = f"{path}[{step}]"
+        elif kind == "attribute":
+            path = f"{path}.<attribute {safe_name(step)}>"
+        elif kind == "key-type":
+            path = f"{path}.<key>" if path else "<key>"
+        else:
+            path = f"{path}.{safe_name(step)}" if path else safe_name(step)
+    return path or "<reply>", what
+
+
+def _non_plain_trail(obj: Any) -> Optional[Tuple[List[Tuple[str, Any]], str]]:
+    """((kind, step) innermost first, what is wrong) for the first value that is not plain data, or None."""
     if isinstance(obj, BitMask):
         if type(obj) is not BitMask:
-            return where, f"{type(obj).__name__} (a BitMask subclass)"
+            return [], f"{type(obj).__name__} (a BitMask subclass)"
         problem = obj.problem()
-        return None if problem is None else (where, f"malformed BitMask ({problem})")
+        return None if problem is None else ([], f"malformed BitMask ({problem})")
     if isinstance(obj, torch.Tensor):
         if type(obj) not in _TENSOR_TYPES:
-            return where, f"{type(obj).__name__} (a tensor subclass)"
+            return [], f"{type(obj).__name__} (a tensor subclass)"
         if obj.layout != torch.strided or obj.is_quantized or obj.is_meta:  # only dense values can be checked
-            return where, f"tensor of layout {obj.layout}, dtype {obj.dtype} on {obj.device}"
+            return [], f"tensor of layout {obj.layout}, dtype {obj.dtype} on {obj.device}"
     if not isinstance(obj, _TENSOR_TYPES + _PLAIN_LEAVES + (dict, list, tuple)):
-        return where, type(obj).__name__
+        return [], type(obj).__name__
     for name, value in _attributes(obj).items():  # e.g. a state dict's _metadata
-        hit = first_non_plain(value, f"{path}.<attribute {safe_name(name)}>")
+        hit = _non_plain_trail(value)
         if hit:
+            hit[0].append(("attribute", name))
             return hit
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, (str, int)):
-                return (f"{path}.<key>" if path else "<key>", type(k).__name__)
-            hit = first_non_plain(v, f"{path}.{safe_name(k)}" if path else safe_name(k))
+                return [("key-type", None)], type(k).__name__
+            hit = _non_plain_trail(v)
             if hit:
+                hit[0].append(("key", k))
                 return hit
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            hit = first_non_plain(v, f"{path}[{i}]")
+            hit = _non_plain_trail(v)
             if hit:
+                hit[0].append(("index", i))
                 return hit
     return None
 
