@@ -467,10 +467,13 @@ def test_timing_from_measured_rounds_and_the_estimate_line():
     for seconds in (600.0, 600.0, 600.0, 600.0, 1200.0):
         est.add(seconds)
     assert estimate_line(est, "x:table", 1) == ("estimate for x:table: 6 run(s), 1 finished earlier, 5 to run: "
-                                                "about 1 h 0 min with --jobs 1, measured now from 2 paused run(s) "
+                                                "about 1 h 0 min with --jobs 1 (1.0 CPU-hours of run time in all, "
+                                                "one core a run), measured now from 2 paused run(s) "
                                                 "that continue (measuring took 0 s, set-up included)")
-    # four jobs: a quarter of the run time, but never less than the longest run
-    assert "about 20 min with --jobs 4 (1 h 0 min of run time in all)" in estimate_line(est, "x", 4)
+    # four jobs: a quarter of the run time, but never less than the longest run; the hours size a cluster's jobs
+    assert ("about 20 min with --jobs 4 (1.0 CPU-hours of run time in all, one core a run; 1 h 0 min one at a "
+            "time)") in estimate_line(est, "x", 4)
+    assert "(1.0 GPU-hours of run time in all, one GPU a run; " in estimate_line(est, "x", 8, unit="GPU")
     assert "about 40 min with --jobs 1" in estimate_line(Estimate(runs=2, longest=2400.0, seconds=2400.0), "x", 1)
     assert estimate_line(Estimate(runs=3, finished=3), "x", 2).endswith("0 to run: nothing to run")
 
@@ -494,7 +497,7 @@ def test_estimate_before_any_run_and_the_measured_runs_continue(tmp_path, tiny_f
     assert at < first_run
     assert lines[at].startswith("estimate for five, 4 cells (2 rows x 2 columns, 1 setting(s)) x 2 seed(s): 4 run(s), "
                                 "0 finished earlier, 4 to run: about ")
-    assert "with --jobs 1, measured now from 2 paused run(s) that continue (measuring took " in lines[at]
+    assert "with --jobs 1 (" in lines[at] and "CPU-hours of run time in all, one core a run), measured now from 2 paused run(s) that continue (measuring took " in lines[at]
     assert "estimating the run time: 2 round(s) of 2 run(s), one per row and setting" in result.output
     timing = json.loads((out / "mean" / "timing.json").read_text())["runs"]
     assert sorted(timing) == ["fedavg-seed0", "fedprox+trainer.mu=0.1-seed0"]

@@ -85,12 +85,16 @@ def _split_sets(sets: Tuple[str, ...]) -> Tuple[List[str], Dict[str, List[str]]]
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1),
               help="Runs at a time, each in its own process. Every run uses one torch thread, also with --jobs 1, so "
                    "the numbers do not depend on --jobs.")
+@click.option("--runs-per-device", default=None, type=int, metavar="K",
+              help="With --jobs on CUDA GPUs (device cuda, or auto on a GPU machine): each worker is pinned to one "
+                   "visible GPU, at most K per GPU (default 1); the placement is printed and recorded in each run's "
+                   "run_info.json.")
 @click.option("--progress/--no-progress", default=True,
               help="Draw a progress bar per run (only with --jobs 1 and when standard output is a terminal; "
                    "otherwise one line per run as it ends).")
 @friendly_errors
 def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: Tuple[str, ...], out_dir: str,
-                    jobs: int, progress: bool) -> None:
+                    jobs: int, runs_per_device: Optional[int], progress: bool) -> None:
     """Compare algorithms on the same data, partition and seeds: a results table and accuracy curves.
 
     Finished runs of an identical configuration already in OUT/runs are reused and interrupted ones resumed, so
@@ -115,7 +119,8 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
                + (f" ({jobs} parallel jobs)" if jobs > 1 else ""))
     # a per-round bar or line only on a terminal: a log of N runs gets N lines, not N x rounds
     results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress and _is_terminal(),
-                             algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line))
+                             algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line),
+                             runs_per_device=runs_per_device)
     click.echo(Path(results["files"]["markdown"]).read_text())
     click.echo(f"table: {results['files']['markdown']}  (json: {results['files']['json']}, csv: "
                f"{results['files']['csv']})\n"

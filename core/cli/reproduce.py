@@ -51,6 +51,8 @@ def _tables(table_file: Optional[str]) -> Tuple[List, Dict[str, str]]:
               help="Output folder (default: reproduce-<table>-<scale>): results.md, results.csv and one fl compare "
                    "folder per column (resumable).")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1), help="Runs at a time.")
+@click.option("--runs-per-device", default=None, type=int, metavar="K",
+              help="With --jobs on CUDA GPUs: each worker pinned to one visible GPU, at most K per GPU (default 1).")
 @click.option("--set", "-s", "sets", multiple=True, metavar="KEY=VALUE",
               help=f"Override a config key in every cell (rounds=50, device=cuda). Repeatable. Keys that say where or "
                    f"how a cell runs ({', '.join(NEUTRAL_SET_KEYS)}) keep the paper's setting; any other is labelled "
@@ -58,7 +60,7 @@ def _tables(table_file: Optional[str]) -> Tuple[List, Dict[str, str]]:
 @friendly_errors
 def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table_file: Optional[str],
                       rows: Optional[str], cols: Optional[str], seeds: str, scale: str, out_dir: Optional[str],
-                      jobs: int, sets: tuple) -> None:
+                      jobs: int, runs_per_device: Optional[int], sets: tuple) -> None:
     """Run TABLE (fl reproduce --list) and write the paper's numbers beside pflkit's.
 
     Every cell runs through fl compare (one comparison per column, finished runs reused). results.md and results.csv
@@ -110,7 +112,7 @@ def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table
     try:
         report = reproduce(chosen, out, rows=_names(rows, "rows") if rows else None,
                            cols=_names(cols, "cols") if cols else None, seeds=_seeds(seeds), scale=scale, jobs=jobs,
-                           echo=click.echo, sets=list(sets))
+                           echo=click.echo, sets=list(sets), runs_per_device=runs_per_device)
     except KeyboardInterrupt:  # between two runs, or a column's runs stopped: as fl compare, 130 and how to go on
         click.echo(f"interrupted; rerun the same command to continue (finished runs are reused, interrupted ones "
                    f"resume from their checkpoints): {out}", err=True)

@@ -34,6 +34,7 @@ import hmac
 import json
 import logging
 import math
+import multiprocessing
 import os
 import re
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -49,6 +50,7 @@ from ..common.errors import CheckpointError, ConfigError
 from ..storage.rundata import (JSON_LIMIT, METRICS_LIMIT, METRICS_NAME, PLOT_LIMIT, finished_run_problem, read_json, read_config,
                                read_records, read_summary)
 from ..common.safefiles import read_regular, write_atomic
+from .placement import Placement, pin_worker, plan_placement
 
 log = logging.getLogger("pflkit")
 
@@ -404,7 +406,7 @@ def _reason(exc: BaseException) -> str:
 
 def _run_parallel(pending: Sequence[Tuple[Entry, int, Any, Path, Optional[str]]], workers: int,
                   summaries: Dict[Path, Dict[str, Any]], failures: Dict[Path, str],
-                  finished: Callable[[Path], None]) -> bool:
+                  finished: Callable[[Path], None], placement: Optional[Placement] = None) -> bool:
     """Run ``pending`` in ``workers`` processes, filling ``summaries`` (or ``failures`` with a run's one-line
     reason) and calling ``finished(run_dir)`` as each run ends; True when interrupted.
 
@@ -413,7 +415,15 @@ def _run_parallel(pending: Sequence[Tuple[Entry, int, Any, Path, Optional[str]]]
     fails does not stop the others.
     """
     interrupted = False
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker)
+    if placement is None:
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker)
+    else:  # each worker takes one GPU from the queue for its whole life (core/results/placement.py)
+        context = multiprocessing.get_context("spawn")  # never fork a process that asked CUDA for its GPUs
+        slots = context.Queue()
+        for index, gpu in enumerate(placement.slots()):
+            slots.put((gpu, index, placement.runs_per_device))
+        pool = ProcessPoolExecutor(max_workers=placement.workers, mp_context=context, initializer=pin_worker,
+                                   initargs=(slots,))
     futures: Dict[Future, Path] = {}
     try:
         for entry, seed, cfg, run_dir, state in pending:
@@ -492,14 +502,16 @@ def progress_line(done: int, total: int, run: Mapping[str, Any], metric: str) ->
 def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequence[Mapping[str, Any]],
                    out_dir: Path, progress: bool = False,
                    algorithm_layers: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
-                   jobs: int = 1, echo: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+                   jobs: int = 1, echo: Optional[Callable[[str], None]] = None,
+                   runs_per_device: Optional[int] = None) -> Dict[str, Any]:
     """Run every algorithm (or variant) with every seed on the same configuration layers; write results and plots.
 
     ``algorithms`` are names or variant specs ``NAME+key=value[+key=value...]`` (each its own labelled row).
     ``layers`` (file, ``--set``) apply to every entry; ``algorithm_layers[name]`` only to the entries of that
     algorithm, variants included (e.g. ``trainer.mu`` for fedprox, a key the other trainers do not have); a
     variant's own settings outrank both. ``jobs`` > 1 runs that many runs at a time in worker processes (one torch
-    thread each, as serial runs have; no progress bars). ``echo`` receives one :func:`progress_line` per run as it
+    thread each, as serial runs have; no progress bars); when the runs compute on CUDA, each worker is pinned to one
+    visible GPU, ``runs_per_device`` workers per GPU (core/results/placement.py). ``echo`` receives one :func:`progress_line` per run as it
     ends. A run that fails (e.g. every selected client failed in a round) is recorded with its one-line reason and
     the others go on. Only finished runs enter the statistics; failed, interrupted and never-started runs are
     listed under ``not_in_table`` (and in the table's notes) with their round counts. Returns the content of
@@ -509,6 +521,8 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
         raise ConfigError(f"compare: jobs must be a positive integer, got {jobs!r}")
     out_dir = Path(out_dir)
     entries, plan = _plan(list(algorithms), [int(s) for s in seeds], list(layers), dict(algorithm_layers or {}))
+    if runs_per_device is not None:  # refused before anything runs when it cannot apply
+        plan_placement([cfg.device for cfg in plan.values()], max(2, jobs), runs_per_device)
     runs_root = out_dir / "runs"
     try:
         runs_root.mkdir(parents=True, exist_ok=True)
@@ -576,7 +590,11 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
                     interrupted = True
                     break
     else:
-        interrupted = _run_parallel(pending, min(jobs, len(pending)), summaries, failures, finished)
+        workers = min(jobs, len(pending))
+        placement = plan_placement([t[2].device for t in pending], workers, runs_per_device)
+        if placement is not None and echo is not None:
+            echo(placement.describe(workers))
+        interrupted = _run_parallel(pending, workers, summaries, failures, finished, placement)
 
     per_algo: Dict[str, Dict[str, Any]] = {
         e.label: {"algorithm": e.algorithm, "settings": parse_sets(e.sets), "runs": [], "runs_planned": len(seeds)}

@@ -248,15 +248,17 @@ def _measure_all(tasks: Sequence[Tuple[Any, Path, str]], jobs: int,
                              [SetupLines(n) if echo is not None else None for _, _, n in tasks]))
 
 
-def estimate_line(est: Estimate, what: str, jobs: int) -> str:
-    """One line: the runs, how many are left, the estimated wall time with ``jobs`` and how it was measured."""
+def estimate_line(est: Estimate, what: str, jobs: int, unit: str = "CPU") -> str:
+    """One line: the runs, how many are left, the estimated wall time with ``jobs``, the resource-hours of the runs
+    left (``unit``: CPU = one core per run, GPU = one GPU per run; what a cluster's job array is sized by) and how it
+    was measured."""
     left = est.runs - est.finished
     head = f"estimate for {what}: {est.runs} run(s), {est.finished} finished earlier, {left} to run"
     if left == 0:
         return head + ": nothing to run"
     total = f"about {duration(est.wall(jobs))} with --jobs {jobs}"
-    if jobs > 1:
-        total += f" ({duration(est.seconds)} of run time in all)"
+    total += f" ({est.seconds / 3600:.1f} {unit}-hours of run time in all, one {'core' if unit == 'CPU' else unit} a run"
+    total += f"; {duration(est.wall(1))} one at a time)" if jobs > 1 else ")"
     how = (f"measured now from {est.measured} paused run(s) that continue (measuring took "
            f"{duration(est.measuring)}, set-up included)" if est.measured
            else "from the rounds already logged")

@@ -207,7 +207,8 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
 
 def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
               cols: Optional[Sequence[str]] = None, seeds: Sequence[int] = (0,), scale: str = "paper",
-              jobs: int = 1, echo: Callable[[str], None] = print, sets: Sequence[str] = ()) -> Dict[str, Any]:
+              jobs: int = 1, echo: Callable[[str], None] = print, sets: Sequence[str] = (),
+              runs_per_device: Optional[int] = None) -> Dict[str, Any]:
     """Run the selected cells (every seed) and write ``results.md`` and ``results.csv`` into ``out_dir``.
 
     ``sets`` (``KEY=VALUE``, as ``fl run --set``) override every cell's config, e.g. ``device=cuda`` or a smaller
@@ -227,6 +228,11 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     missing = missing_data(table, chosen_cols, quick, overrides, chosen_rows[0] if chosen_rows else None)
     if missing:
         raise ConfigError("missing data, nothing run: " + "; ".join(missing))
+    if runs_per_device is not None:  # refused before anything is measured when it cannot apply
+        from .placement import plan_placement
+
+        plan_placement([_column_cfg(table, c, quick, overrides, r).device for c in chosen_cols for r in chosen_rows],
+                       max(2, jobs), runs_per_device)
     out_dir = Path(out_dir)
     for column in table.columns:  # every folder this command writes lies inside --out (ids are plain names)
         inside_out(out_dir, out_dir / column.id)
@@ -251,7 +257,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
             echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} "
                  f"seeds in {folder}")
             comparison = run_comparison(specs, list(seeds), [layer], folder, jobs=jobs,
-                                        echo=echo)
+                                        echo=echo, runs_per_device=runs_per_device)
             if comparison.get("interrupted"):  # Ctrl-C stopped this column's runs: start no other column
                 raise KeyboardInterrupt
             comparison["column"] = column.id
@@ -306,7 +312,17 @@ def estimate_table(table: Table, cols: Sequence[Column], specs: Sequence[str], s
     est = estimate_comparisons(folders, specs, seeds, jobs, echo=lambda line: echo(f"{tag}{line}"))
     what = (f"{table.name}{' at quick scale' if quick else ''}, {len(specs) * len(cols)} cells ({len(specs)} rows x "
             f"{len(cols)} columns, {len(folders)} setting(s)) x {len(seeds)} seed(s)")
-    return estimate_line(est, what, jobs)
+    return estimate_line(est, what, jobs, _hour_unit(table, cols, quick, overrides))
+
+
+def _hour_unit(table: Table, cols: Sequence[Column], quick: bool, overrides: Mapping[str, Any]) -> str:
+    """GPU when the cells compute on CUDA (device cuda, or auto on a machine with a visible GPU), else CPU."""
+    from .placement import visible_gpus
+
+    devices = {str(_column_cfg(table, c, quick, overrides).device) for c in cols}
+    if any(d.startswith("cuda") for d in devices) or ("auto" in devices and visible_gpus()):
+        return "GPU"
+    return "CPU"
 
 
 def _fmt(value: Optional[float], digits: int = 2) -> str:

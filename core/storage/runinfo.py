@@ -137,6 +137,22 @@ def device_info(device: Any) -> Dict[str, Any]:
     return info
 
 
+# a worker pinned to one GPU by a comparison (core/results/placement.py) says where in this variable (JSON)
+ENV_PLACEMENT = "PFLKIT_PLACEMENT"
+
+
+def worker_placement() -> Optional[Dict[str, Any]]:
+    """The GPU this process was pinned to by a comparison's placement, for run_info.json; None when unpinned."""
+    text = os.environ.get(ENV_PLACEMENT)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def collect(cfg: Mapping[str, Any], device: Any, threads: int, event: str, from_round: int) -> Dict[str, Any]:
     """One ``run_info.json`` entry: ``event`` is 'start' or 'resume'."""
     import torch
@@ -161,6 +177,7 @@ def collect(cfg: Mapping[str, Any], device: Any, threads: int, event: str, from_
         "threads_setting": cfg.get("threads"),
         "threads_source": threads_source(cfg),
         **device_info(device),
+        **({"placement": worker_placement()} if worker_placement() is not None else {}),
     }
 
 
