@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 import torch
@@ -520,3 +520,82 @@ def test_fast_path_all_reduces_fedavg_close_to_the_serial_numbers(tmp_path, misb
     # the rejected clients (NaN, non-plain, raw data, raised) are the serial run's, vetted before any sum
     failures = [_failures(tmp_path / f"{kind}-misbehaving") for kind in ("fast", "serial")]
     assert failures[0] == failures[1] and len(failures[0]) == 4, failures
+
+
+# -- one run across nodes: two torchrun launchers (--nnodes 2) on this machine, c10d rendezvous on 127.0.0.1 --------
+def _node(rank: int, port: int, rdzv_id: str, args: List[str]) -> subprocess.Popen:
+    """One node's torchrun launcher (its own session, so that the node can be killed as a whole)."""
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id,
+                             "-m", "pflkit.core.cli", "run", "--no-progress", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+
+
+def _finish(nodes: List[subprocess.Popen], timeout: float) -> List[Tuple[int, str, str]]:
+    out = []
+    try:
+        for node in nodes:
+            stdout, stderr = node.communicate(timeout=timeout)
+            out.append((node.returncode, stdout, stderr))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait(10)
+    return out
+
+
+@pytest.mark.slow
+def test_two_nodes_give_the_serial_numbers_and_a_lost_node_stops_the_other_with_one_line(tmp_path):
+    """Two torchrun launchers of one node each (--nnodes 2, c10d on 127.0.0.1, gloo): the serial run's numbers; then
+    a run whose second node is killed whole (launcher and worker): the first stops within seconds with one line that
+    says how to go on, and launching both nodes again with --resume finishes with the serial numbers."""
+    rounds = 40
+    cfg = _config_file(tmp_path, "fedavg", rounds=rounds, checkpoint={"every": 1})
+    ref = _serial(tmp_path, "fedavg", "serial", rounds=rounds)
+    port = _free_port()
+    done = _finish([_node(r, port, "two", ["--config", str(cfg), "--set", f"output_dir={tmp_path}", "--set",
+                                           "run_name=two"]) for r in (0, 1)], 300)
+    assert [code for code, _, _ in done] == [0, 0], done
+    assert _records(tmp_path / "two") == _records(ref)
+
+    run = tmp_path / "cut"
+    long_cfg = _config_file(tmp_path, "fedavg", "-long", rounds=100000, checkpoint={"every": 1})
+    port = _free_port()
+    nodes = [_node(r, port, "cut", ["--config", str(long_cfg), "--set", f"output_dir={tmp_path}", "--set",
+                                    "run_name=cut"]) for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoint.pt").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 3:
+            assert time.monotonic() < deadline and all(n.poll() is None for n in nodes)
+            time.sleep(0.2)
+        # the node that does not host the run's rank 0 process: its launcher and its worker die together
+        workers = {}
+        for node in nodes:
+            for pid in Path(f"/proc/{node.pid}/task/{node.pid}/children").read_text().split():
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                rank = [e[5:] for e in env if e.startswith(b"RANK=")]
+                if rank:
+                    workers[int(rank[0])] = (node, int(pid))
+        victim, pid = workers[1]
+        os.kill(pid, signal.SIGKILL)
+        os.killpg(victim.pid, signal.SIGKILL)
+        survivor = workers[0][0]
+        t0 = time.monotonic()
+        _, err = survivor.communicate(timeout=90)
+        assert time.monotonic() - t0 < 90  # stopped, not hung
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait(10)
+    said = [ln for ln in err.splitlines() if ln.startswith("Error: rank 0: lost contact")]
+    assert len(said) == 1 and f"run --resume {run}" in said[0], err
+    logged = len((run / "metrics.jsonl").read_text().splitlines())
+    port = _free_port()
+    done = _finish([_node(r, port, "again", ["--resume", str(run), "--set", f"rounds={logged + 3}"])
+                    for r in (0, 1)], 300)
+    assert [code for code, _, _ in done] == [0, 0], done
+    assert "resuming" in done[0][1] + done[1][1]
+    assert _records(run) == _records(_serial(tmp_path, "fedavg", "serial-long", rounds=logged + 3))

@@ -274,7 +274,7 @@ def _run_process(req: RunRequest, ep: Endpoint) -> int:
         except WorkerLost as exc:  # another process died: each survivor says what it saw
             if interrupt_requested(req.status_dir) or orphaned():
                 return INTERRUPTED  # it stopped on the same Ctrl-C (rank 0 says so), or the launcher is gone
-            _say(f"Error: {exc}")
+            _say(f"Error: {exc}{_lost_resume_hint(backend) if not req.status_dir else ''}")
             return USER_ERROR
         except PflError as exc:
             # raised identically on every rank (the loop is replicated) unless it is rank 0's own file I/O
@@ -309,6 +309,17 @@ def _stopped_message(backend: DistributedBackend) -> str:
         return (f"stopped before the first checkpoint; the record of its rounds stays in {run_dir}; start it again "
                 f"from round 0 with: fl run --resume {run_dir}")
     return "stopped before the first checkpoint; nothing to resume"
+
+
+def _lost_resume_hint(backend: DistributedBackend) -> str:
+    """Under torchrun (fl run --workers has its launcher say it): how a survivor's run goes on after a lost node."""
+    from ..storage.checkpoint import checkpoint_exists
+
+    run_dir = getattr(backend, "run_dir", None)
+    if run_dir is None or not checkpoint_exists(run_dir):
+        return ""
+    return (f"; continue from the last checkpoint by launching every node again with: torchrun ... -m "
+            f"pflkit.core.cli run --resume {run_dir}")
 
 
 def _settle(backend: DistributedBackend) -> None:
