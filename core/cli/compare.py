@@ -67,6 +67,70 @@ def _split_sets(sets: Tuple[str, ...]) -> Tuple[List[str], Dict[str, List[str]]]
     return common, per_algo
 
 
+LAUNCHER_OPTIONS = [
+    click.option("--launcher", type=click.Choice(["slurm", "submitit-local"]), default=None,
+                 help="Submit the runs still to do as a job array through submitit (slurm; submitit-local: the same jobs "
+                       "as local processes) and return; run the same command again to collect (docs/scaling.md)."),
+    click.option("--slurm-partition", default=None, help="--launcher slurm: the partition."),
+    click.option("--slurm-time", default=60, show_default=True, type=int, metavar="MIN",
+                 help="--launcher: each job's time limit in minutes (a run that hits it is requeued and resumes)."),
+    click.option("--slurm-gpus", default=0, show_default=True, type=int, help="--launcher: GPUs per job."),
+    click.option("--slurm-cpus", default=1, show_default=True, type=int, help="--launcher: CPUs per job."),
+    click.option("--slurm-mem-gb", default=None, type=float, help="--launcher slurm: memory per job (GiB)."),
+    click.option("--slurm-account", default=None, help="--launcher slurm: the account to charge."),
+    click.option("--slurm-array-parallelism", default=256, show_default=True, type=int,
+                 help="--launcher slurm: tasks of the job array running at once."),
+    click.option("--slurm-option", "slurm_options", multiple=True, metavar="KEY=VALUE",
+                 help="--launcher slurm: another sbatch option (qos=high, constraint=a100). Repeatable."),
+]
+
+
+def launcher_options(fn):
+    """The --launcher and --slurm-* options of fl compare and fl reproduce (core/results/launchers.py)."""
+    for option in reversed(LAUNCHER_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def launcher_settings(launcher: Optional[str], partition: Optional[str], time_min: int, gpus: int, cpus: int,
+                      mem_gb: Optional[float], account: Optional[str], parallelism: int,
+                      options: Tuple[str, ...]) -> Optional[object]:
+    """The ``--launcher`` settings (None without one); an ``--slurm-*`` option without ``--launcher`` is refused."""
+    from ..results.launchers import LauncherSettings
+
+    if launcher is None:
+        given = [name for name, value, default in (("--slurm-partition", partition, None), ("--slurm-time", time_min, 60),
+                                                   ("--slurm-gpus", gpus, 0), ("--slurm-cpus", cpus, 1),
+                                                   ("--slurm-mem-gb", mem_gb, None), ("--slurm-account", account, None),
+                                                   ("--slurm-array-parallelism", parallelism, 256),
+                                                   ("--slurm-option", options or None, None)) if value != default]
+        if given:
+            raise ConfigError(f"{', '.join(given)} need --launcher slurm (or submitit-local)")
+        return None
+    extra = {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--slurm-option {item!r}: expected KEY=VALUE (an sbatch option without its dashes)")
+        extra[key.strip()] = value.strip()
+    return LauncherSettings(launcher, partition=partition, time_min=time_min, gpus_per_job=gpus, cpus_per_job=cpus,
+                            mem_gb=mem_gb, account=account, array_parallelism=parallelism, extra=extra)
+
+
+def echo_submission(results: dict, outputs: str) -> None:
+    """What a submitting command says: the job ids, how to watch (``outputs``: where each job's stdout/stderr are),
+    how to collect."""
+    if results["submitted"]:
+        ids = ", ".join(results["submitted"])
+        click.echo(f"submitted {len(results['submitted'])} run(s) as {results['launcher']} job(s): {ids}")
+    if results["waiting"]:
+        click.echo(f"{len(results['waiting'])} run(s) still queued or running from an earlier submission, left alone: "
+                   f"{', '.join(results['waiting'])}")
+    watch = "squeue --me" if results["launcher"] == "slurm" else "ps"
+    click.echo(f"watch: {watch}; each job's output: {outputs}; collect: run the same command again (finished runs "
+               f"are reused, failed or missing ones resubmitted, queued or running ones left alone)")
+
+
 @click.command("compare")
 @click.option("--plugins", "-p", "plugins", required=True, metavar="A,B+KEY=VALUE,...",
               help="Algorithms to compare, comma-separated (fl list algorithms). NAME+key=value[+key=value] is a "
@@ -89,12 +153,16 @@ def _split_sets(sets: Tuple[str, ...]) -> Tuple[List[str], Dict[str, List[str]]]
               help="With --jobs on CUDA GPUs (device cuda, or auto on a GPU machine): each worker is pinned to one "
                    "visible GPU, at most K per GPU (default 1); the placement is printed and recorded in each run's "
                    "run_info.json.")
+@launcher_options
 @click.option("--progress/--no-progress", default=True,
               help="Draw a progress bar per run (only with --jobs 1 and when standard output is a terminal; "
                    "otherwise one line per run as it ends).")
 @friendly_errors
 def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: Tuple[str, ...], out_dir: str,
-                    jobs: int, runs_per_device: Optional[int], progress: bool) -> None:
+                    jobs: int, runs_per_device: Optional[int], launcher: Optional[str], slurm_partition: Optional[str],
+                    slurm_time: int, slurm_gpus: int, slurm_cpus: int, slurm_mem_gb: Optional[float],
+                    slurm_account: Optional[str], slurm_array_parallelism: int, slurm_options: Tuple[str, ...],
+                    progress: bool) -> None:
     """Compare algorithms on the same data, partition and seeds: a results table and accuracy curves.
 
     Finished runs of an identical configuration already in OUT/runs are reused and interrupted ones resumed, so
@@ -118,9 +186,14 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
     click.echo(f"comparing {', '.join(algorithms)} over seeds {', '.join(map(str, seed_list))} -> {out_dir}"
                + (f" ({jobs} parallel jobs)" if jobs > 1 else ""))
     # a per-round bar or line only on a terminal: a log of N runs gets N lines, not N x rounds
+    settings = launcher_settings(launcher, slurm_partition, slurm_time, slurm_gpus, slurm_cpus, slurm_mem_gb,
+                                 slurm_account, slurm_array_parallelism, slurm_options)
     results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress and _is_terminal(),
                              algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line),
-                             runs_per_device=runs_per_device)
+                             runs_per_device=runs_per_device, launcher=settings)
+    if settings is not None and (results["submitted"] or results["waiting"]):
+        echo_submission(results, f"{Path(out_dir) / 'jobs'}/")
+        return
     click.echo(Path(results["files"]["markdown"]).read_text())
     click.echo(f"table: {results['files']['markdown']}  (json: {results['files']['json']}, csv: "
                f"{results['files']['csv']})\n"

@@ -10,7 +10,7 @@ from ..api import registry as reg
 from ..common.errors import ConfigError, PflError
 from .common import friendly_errors
 from ..results.labels import NEUTRAL_SET_KEYS
-from .compare import _names, _seeds
+from .compare import _names, _seeds, echo_submission, launcher_options, launcher_settings
 
 
 def _tables(table_file: Optional[str]) -> Tuple[List, Dict[str, str]]:
@@ -53,6 +53,7 @@ def _tables(table_file: Optional[str]) -> Tuple[List, Dict[str, str]]:
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1), help="Runs at a time.")
 @click.option("--runs-per-device", default=None, type=int, metavar="K",
               help="With --jobs on CUDA GPUs: each worker pinned to one visible GPU, at most K per GPU (default 1).")
+@launcher_options
 @click.option("--set", "-s", "sets", multiple=True, metavar="KEY=VALUE",
               help=f"Override a config key in every cell (rounds=50, device=cuda). Repeatable. Keys that say where or "
                    f"how a cell runs ({', '.join(NEUTRAL_SET_KEYS)}) keep the paper's setting; any other is labelled "
@@ -60,7 +61,10 @@ def _tables(table_file: Optional[str]) -> Tuple[List, Dict[str, str]]:
 @friendly_errors
 def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table_file: Optional[str],
                       rows: Optional[str], cols: Optional[str], seeds: str, scale: str, out_dir: Optional[str],
-                      jobs: int, runs_per_device: Optional[int], sets: tuple) -> None:
+                      jobs: int, runs_per_device: Optional[int], launcher: Optional[str],
+                      slurm_partition: Optional[str], slurm_time: int, slurm_gpus: int, slurm_cpus: int,
+                      slurm_mem_gb: Optional[float], slurm_account: Optional[str], slurm_array_parallelism: int,
+                      slurm_options: Tuple[str, ...], sets: tuple) -> None:
     """Run TABLE (fl reproduce --list) and write the paper's numbers beside pflkit's.
 
     Every cell runs through fl compare (one comparison per column, finished runs reused). results.md and results.csv
@@ -109,14 +113,19 @@ def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table
         chosen = tables[0] if table_file else installed_table(table)
     check_table(chosen)
     out = Path(out_dir or f"reproduce-{chosen.name.replace(':', '-')}-{scale}")
+    settings = launcher_settings(launcher, slurm_partition, slurm_time, slurm_gpus, slurm_cpus, slurm_mem_gb,
+                                 slurm_account, slurm_array_parallelism, slurm_options)
     try:
         report = reproduce(chosen, out, rows=_names(rows, "rows") if rows else None,
                            cols=_names(cols, "cols") if cols else None, seeds=_seeds(seeds), scale=scale, jobs=jobs,
-                           echo=click.echo, sets=list(sets), runs_per_device=runs_per_device)
+                           echo=click.echo, sets=list(sets), runs_per_device=runs_per_device, launcher=settings)
     except KeyboardInterrupt:  # between two runs, or a column's runs stopped: as fl compare, 130 and how to go on
         click.echo(f"interrupted; rerun the same command to continue (finished runs are reused, interrupted ones "
                    f"resume from their checkpoints): {out}", err=True)
         raise SystemExit(130) from None
+    if settings is not None and (report["submitted"] or report["waiting"]):
+        echo_submission(report, f"{out}/<column>/jobs/")
+        return
     click.echo(report["markdown"])
     label = scale_label(scale == "quick", list(sets))
     tag = f"[{label}] " if label else ""

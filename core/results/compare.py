@@ -503,7 +503,7 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
                    out_dir: Path, progress: bool = False,
                    algorithm_layers: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
                    jobs: int = 1, echo: Optional[Callable[[str], None]] = None,
-                   runs_per_device: Optional[int] = None) -> Dict[str, Any]:
+                   runs_per_device: Optional[int] = None, launcher: Optional[Any] = None) -> Dict[str, Any]:
     """Run every algorithm (or variant) with every seed on the same configuration layers; write results and plots.
 
     ``algorithms`` are names or variant specs ``NAME+key=value[+key=value...]`` (each its own labelled row).
@@ -511,7 +511,10 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
     algorithm, variants included (e.g. ``trainer.mu`` for fedprox, a key the other trainers do not have); a
     variant's own settings outrank both. ``jobs`` > 1 runs that many runs at a time in worker processes (one torch
     thread each, as serial runs have; no progress bars); when the runs compute on CUDA, each worker is pinned to one
-    visible GPU, ``runs_per_device`` workers per GPU (core/results/placement.py). ``echo`` receives one :func:`progress_line` per run as it
+    visible GPU, ``runs_per_device`` workers per GPU (core/results/placement.py). With ``launcher`` (a
+    ``launchers.LauncherSettings``) the runs still to do are submitted as a job array instead (core/results/launchers.py)
+    and the results hold the finished ones, with ``submitted`` (job ids) and ``waiting`` (runs whose job still runs).
+    ``echo`` receives one :func:`progress_line` per run as it
     ends. A run that fails (e.g. every selected client failed in a round) is recorded with its one-line reason and
     the others go on. Only finished runs enter the statistics; failed, interrupted and never-started runs are
     listed under ``not_in_table`` (and in the table's notes) with their round counts. Returns the content of
@@ -568,6 +571,15 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
 
     interrupted = False
     pending = [t for t in tasks if t[4] != "finished"]
+    submitted: List[str] = []
+    waiting: List[str] = []
+    if launcher is not None:  # the cluster runs them: submit (or leave alone), then tabulate what is finished
+        from .launchers import submit
+
+        new_jobs, left = submit(pending, out_dir, launcher, echo or (lambda line: None))
+        submitted = [str(job.job_id) for job in new_jobs]
+        waiting = [run_dir.name for run_dir in left]
+        pending = []
     for entry, seed, _, run_dir, state in tasks:
         if state == "finished":
             log.info("compare: reusing the finished run in %s", run_dir)
@@ -608,7 +620,7 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
         row.setdefault("aggregator", cfg.aggregator.name)
         run = _run_record(entry, seed, cfg, run_dir, summaries.get(run_dir), failures.get(run_dir))
         if run["status"] != "finished":
-            interrupted = interrupted or run["status"] == "incomplete"
+            interrupted = interrupted or (run["status"] == "incomplete" and launcher is None)
             not_in_table.append({k: run[k] for k in ("label", "seed", "status", "rounds_completed", "rounds",
                                                       "reason", "client_failures", "run_dir")})
             continue
@@ -640,6 +652,8 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
         "interrupted": interrupted, "complete": not not_in_table, "not_in_table": not_in_table,
         "notes": notes, "results": per_algo,
     }
+    if launcher is not None:
+        results.update({"launcher": launcher.name, "submitted": submitted, "waiting": waiting})
     files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
              "plot": out_dir / "curves.png"}
     files["json"].write_text(json.dumps(results, indent=2))

@@ -208,8 +208,10 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
 def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
               cols: Optional[Sequence[str]] = None, seeds: Sequence[int] = (0,), scale: str = "paper",
               jobs: int = 1, echo: Callable[[str], None] = print, sets: Sequence[str] = (),
-              runs_per_device: Optional[int] = None) -> Dict[str, Any]:
+              runs_per_device: Optional[int] = None, launcher: Optional[Any] = None) -> Dict[str, Any]:
     """Run the selected cells (every seed) and write ``results.md`` and ``results.csv`` into ``out_dir``.
+    With ``launcher`` (``launchers.LauncherSettings``) each column's runs still to do are submitted as jobs; the
+    report then holds the finished cells and ``submitted`` / ``waiting`` (core/results/launchers.py).
 
     ``sets`` (``KEY=VALUE``, as ``fl run --set``) override every cell's config, e.g. ``device=cuda`` or a smaller
     ``rounds``; like ``quick`` scale, they label every output file and section as not the paper's setting.
@@ -231,13 +233,15 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     if runs_per_device is not None:  # refused before anything is measured when it cannot apply
         from .placement import plan_placement
 
-        plan_placement([_column_cfg(table, c, quick, overrides, r).device for c in chosen_cols for r in chosen_rows],
+        plan_placement([_cell_layer(table, c, quick, overrides).get("device") or "auto" for c in chosen_cols],
                        max(2, jobs), runs_per_device)
     out_dir = Path(out_dir)
     for column in table.columns:  # every folder this command writes lies inside --out (ids are plain names)
         inside_out(out_dir, out_dir / column.id)
     results: Dict[Tuple[str, str], Dict[str, Any]] = {}
     incomplete = 0
+    submitted: List[str] = []
+    waiting: List[str] = []
     done: Dict[str, Dict[str, Any]] = {}  # columns of one setting scored differently share one comparison
     specs = [_row_spec(r, overrides, quick) for r in chosen_rows]
     home: Dict[str, str] = {}  # setting -> the folder of its comparison: the table's first column of that setting,
@@ -257,7 +261,9 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
             echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} "
                  f"seeds in {folder}")
             comparison = run_comparison(specs, list(seeds), [layer], folder, jobs=jobs,
-                                        echo=echo, runs_per_device=runs_per_device)
+                                        echo=echo, runs_per_device=runs_per_device, launcher=launcher)
+            submitted += comparison.get("submitted", [])
+            waiting += [f"{home[key]}/{name}" for name in comparison.get("waiting", [])]
             if comparison.get("interrupted"):  # Ctrl-C stopped this column's runs: start no other column
                 raise KeyboardInterrupt
             comparison["column"] = column.id
@@ -283,6 +289,8 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     inside_out(out_dir, out_dir / "results.md").write_text(report["markdown"])
     inside_out(out_dir, out_dir / "results.csv").write_text(report["csv"])
     report["incomplete"] = incomplete
+    if launcher is not None:
+        report.update({"launcher": launcher.name, "submitted": submitted, "waiting": waiting})
     report["files"] = {"markdown": str(out_dir / "results.md"), "csv": str(out_dir / "results.csv")}
     return report
 
@@ -319,7 +327,9 @@ def _hour_unit(table: Table, cols: Sequence[Column], quick: bool, overrides: Map
     """GPU when the cells compute on CUDA (device cuda, or auto on a machine with a visible GPU), else CPU."""
     from .placement import visible_gpus
 
-    devices = {str(_column_cfg(table, c, quick, overrides).device) for c in cols}
+    # from the columns' own layers (a table and --set): resolving a cell would need a row whose options accept
+    # every --set key; the core's default device is auto
+    devices = {str(_cell_layer(table, c, quick, overrides).get("device") or "auto") for c in cols}
     if any(d.startswith("cuda") for d in devices) or ("auto" in devices and visible_gpus()):
         return "GPU"
     return "CPU"
