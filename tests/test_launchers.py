@@ -94,3 +94,28 @@ def test_bad_launcher_input_is_one_line_and_submits_nothing(tmp_path, monkeypatc
     assert res.exit_code == 2, res.output
     assert says in res.output and "Traceback" not in res.output
     assert not (tmp_path / "o" / "jobs.json").exists()
+
+
+def test_two_collectors_at_once_is_one_line_and_a_failed_job_is_resubmitted(tmp_path):
+    """A second collector while one holds the output folder: one line, nothing submitted. A job that ended without
+    finishing its run (here: a recorded job whose process is gone) is named, with where its output is, and its run
+    is submitted again on the next collect."""
+    import fcntl
+
+    from pflkit.core.results import launchers
+
+    out = tmp_path / "o"
+    out.mkdir()
+    with open(out / launchers.LOCK_NAME, "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match="another fl compare / fl reproduce is submitting or collecting"):
+            run_comparison(["fedavg"], [0], [LAYER], out, launcher=LauncherSettings("submitit-local"))
+    assert not (out / launchers.JOBS_NAME).exists()
+    (out / launchers.JOBS_NAME).write_text(json.dumps({"fedavg-seed0": {
+        "launcher": "submitit-local", "job_id": "4242", "folder": str(out / "jobs"), "pid": 2 ** 22 + 17}}))
+    lines = []
+    first = run_comparison(["fedavg"], [0], [LAYER], out, launcher=LauncherSettings("submitit-local"),
+                           echo=lines.append)
+    assert any("fedavg-seed0: job 4242 ended without finishing the run" in ln for ln in lines), lines
+    assert len(first["submitted"]) == 1 and read_jobs(out)["fedavg-seed0"]["job_id"] == first["submitted"][0]
+    _wait_for([out / "runs" / "fedavg-seed0" / "verified.json"])

@@ -11,18 +11,20 @@ directory (which must sit on a file system the jobs share); a job's stdout and s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ..common.errors import ConfigError
 from ..common.safefiles import write_atomic
 
 LAUNCHERS = ("slurm", "submitit-local")
 JOBS_NAME = "jobs.json"
+LOCK_NAME = "jobs.lock"
 JOBS_FOLDER = "jobs"
 # states of a recorded job that mean "leave it alone": it will still run (Slurm's names; LocalJob says RUNNING)
 ALIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
@@ -208,6 +210,31 @@ def submit(pending: Sequence[Tuple[Any, int, Any, Path, Optional[str]]], out_dir
     """Submit one job-array task per pending run that no live job holds; returns (the new jobs, the runs left alone
     because their job is queued or running)."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _collector_lock(out_dir):
+        return _submit(pending, out_dir, settings, echo)
+
+
+@contextlib.contextmanager
+def _collector_lock(out_dir: Path) -> Iterator[None]:
+    """One collector at a time per output folder: a second would submit the same runs again."""
+    import fcntl
+
+    path = out_dir / LOCK_NAME
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"another fl compare / fl reproduce is submitting or collecting the runs of {out_dir} "
+                              f"(it holds {path}); wait for it, then run this command again") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _submit(pending: Sequence[Tuple[Any, int, Any, Path, Optional[str]]], out_dir: Path,
+            settings: LauncherSettings, echo: Callable[[str], None]) -> Tuple[List[Any], List[Path]]:
     records = read_jobs(out_dir)
     todo, waiting = [], []
     for _, _, cfg, run_dir, _ in pending:
@@ -215,6 +242,11 @@ def submit(pending: Sequence[Tuple[Any, int, Any, Path, Optional[str]]], out_dir
         if record is not None and job_state(record) in ALIVE:
             waiting.append(run_dir)
             continue
+        if record is not None:  # its job ended without a finished run: say where its output is, then resubmit
+            echo(f"{run_dir.name}: job {record.get('job_id')} ended without finishing the run (its output: "
+                 f"{Path(str(record.get('folder', out_dir / JOBS_FOLDER)))}/{record.get('job_id')}_0_log.err); "
+                 f"submitting it again" + (", to resume from its checkpoint" if (run_dir / "checkpoint.pt").exists()
+                                           else ""))
         todo.append((cfg, run_dir))
     jobs: List[Any] = []
     if todo:
