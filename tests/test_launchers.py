@@ -46,7 +46,9 @@ def test_submit_return_collect_with_the_numbers_of_jobs(tmp_path):
         a = json.loads((out / "runs" / f"{name}-seed0" / "summary.json").read_text())
         b = json.loads((tmp_path / "serial" / "runs" / f"{name}-seed0" / "summary.json").read_text())
         assert a["final"] == b["final"] and a["last"] == b["last"]
-    assert list((out / "jobs").glob("*_log.out"))  # each job's stdout and stderr
+    assert list((out / "jobs").glob("*_log.out"))  # each job's stdout and stderr, named in the run's run_info.json
+    entry = json.loads((out / "runs" / "fedavg-seed0" / "run_info.json").read_text())["entries"][-1]
+    assert entry["job"]["id"] == jobs["fedavg-seed0"]["job_id"] and Path(entry["job"]["stderr"]).exists()
 
 
 def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_numbers(tmp_path):

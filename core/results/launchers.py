@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from ..common.errors import ConfigError
 from ..common.safefiles import write_atomic
+from ..storage.runinfo import ENV_JOB
 
 LAUNCHERS = ("slurm", "submitit-local")
 JOBS_NAME = "jobs.json"
@@ -106,6 +107,7 @@ class RunJob:
         except OSError as exc:
             raise ConfigError(f"this job cannot write {path.parent} ({exc.strerror}): the output folder must be on a "
                               f"file system the jobs share") from None
+        os.environ[ENV_JOB] = json.dumps(_job_record())  # run_info.json names the job and its stdout / stderr
         state = "resume" if path.is_dir() and checkpoint_exists(path) else None
         if state is None and path.exists():  # a start that never checkpointed: start it afresh
             shutil.rmtree(path)
@@ -129,6 +131,17 @@ class RunJob:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self, cfg, run_dir)
+
+
+def _job_record() -> Dict[str, Any]:
+    """The running job's id and the files its stdout and stderr go to (submitit's job environment)."""
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        return {"id": str(env.job_id), "stdout": str(env.paths.stdout), "stderr": str(env.paths.stderr)}
+    except Exception:  # not inside a submitit job (a direct call): nothing to point to
+        return {"id": None}
 
 
 class _Preemption:

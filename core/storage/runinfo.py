@@ -139,11 +139,14 @@ def device_info(device: Any) -> Dict[str, Any]:
 
 # a worker pinned to one GPU by a comparison (core/results/placement.py) says where in this variable (JSON)
 ENV_PLACEMENT = "PFLKIT_PLACEMENT"
+# a run started by a cluster job (core/results/launchers.py): the job's id and where its stdout and stderr are (JSON)
+ENV_JOB = "PFLKIT_JOB"
 
 
-def worker_placement() -> Optional[Dict[str, Any]]:
-    """The GPU this process was pinned to by a comparison's placement, for run_info.json; None when unpinned."""
-    text = os.environ.get(ENV_PLACEMENT)
+def worker_placement(variable: str = ENV_PLACEMENT) -> Optional[Dict[str, Any]]:
+    """The GPU this process was pinned to by a comparison's placement (or, with ``variable = ENV_JOB``, the cluster
+    job running it), for run_info.json; None when there is none."""
+    text = os.environ.get(variable)
     if not text:
         return None
     try:
@@ -178,6 +181,7 @@ def collect(cfg: Mapping[str, Any], device: Any, threads: int, event: str, from_
         "threads_source": threads_source(cfg),
         **device_info(device),
         **({"placement": worker_placement()} if worker_placement() is not None else {}),
+        **({"job": worker_placement(ENV_JOB)} if worker_placement(ENV_JOB) is not None else {}),
     }
 
 
