@@ -227,13 +227,16 @@ class _ClientRows:
         self.sources = [x.detach().reshape(len(x), self.row_len) for x in xs if len(x)] if self.row_len else []
         self.check_rows = self.row_len >= MIN_ROW_VALUES and sum(len(x) for x in self.sources) > 0
         self.index: Dict[int, List[Tuple[int, int]]] = {}
+        fewest_nonzero = self.row_len  # the fewest non-zero values a checked row holds (see min_nonzero below)
         if self.check_rows:
             for s, source in enumerate(self.sources):
                 rows = _widen(source)
                 # a row holding NaN equals nothing (torch.equal), so no match of it could ever be confirmed; its
                 # fingerprint would only make every all-NaN window of a NaN model a candidate, each compared
                 # exactly against every such row (20-400x the cost of a round), so it is not fingerprinted
-                checked = self._checked(source)
+                checked = (rows != rows[:, :1]).any(dim=1) & ~rows.isnan().any(dim=1)
+                if bool(checked.any()):
+                    fewest_nonzero = min(fewest_nonzero, int((rows[checked] != 0).sum(dim=1).min()))
                 prints = hasher.rows(rows)
                 for i in torch.nonzero(checked).flatten().tolist():
                     self.index.setdefault(int(prints[i]), []).append((s, i))
@@ -255,19 +258,7 @@ class _ClientRows:
         # (gradients and sparse weights are full of exact zeros, which one-hot and image rows also hold, so the
         # count of all row values alone rarely settles anything there)
         self.zero_is_value = self.values is not None and bool((self.values == 0).any())
-        self.min_nonzero = self.row_len
-        if self.zero_is_value:
-            for source in self.sources:
-                checked = self._checked(source)
-                if bool(checked.any()):
-                    nonzero = (_widen(source)[checked] != 0).sum(dim=1)
-                    self.min_nonzero = min(self.min_nonzero, int(nonzero.min()))
-
-    @staticmethod
-    def _checked(source: torch.Tensor) -> torch.Tensor:
-        """Which rows of ``source`` are checked: not constant, no NaN (see the module docstring)."""
-        rows = _widen(source)
-        return (rows != rows[:, :1]).any(dim=1) & ~rows.isnan().any(dim=1)
+        self.min_nonzero = fewest_nonzero if self.zero_is_value else self.row_len
 
     def may_hold_a_row(self, t: torch.Tensor) -> bool:
         """False only when ``t`` holds fewer values from the client's rows than a row has, or fewer non-zero ones

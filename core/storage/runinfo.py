@@ -143,9 +143,9 @@ ENV_PLACEMENT = "PFLKIT_PLACEMENT"
 ENV_JOB = "PFLKIT_JOB"
 
 
-def worker_placement(variable: str = ENV_PLACEMENT) -> Optional[Dict[str, Any]]:
-    """The GPU this process was pinned to by a comparison's placement (or, with ``variable = ENV_JOB``, the cluster
-    job running it), for run_info.json; None when there is none."""
+def _env_record(variable: str) -> Optional[Dict[str, Any]]:
+    """The JSON object in environment variable ``variable`` (a GPU placement, a cluster job), for run_info.json;
+    None when unset or not an object."""
     text = os.environ.get(variable)
     if not text:
         return None
@@ -180,8 +180,8 @@ def collect(cfg: Mapping[str, Any], device: Any, threads: int, event: str, from_
         "threads_setting": cfg.get("threads"),
         "threads_source": threads_source(cfg),
         **device_info(device),
-        **({"placement": worker_placement()} if worker_placement() is not None else {}),
-        **({"job": worker_placement(ENV_JOB)} if worker_placement(ENV_JOB) is not None else {}),
+        **{key: value for key, value in (("placement", _env_record(ENV_PLACEMENT)), ("job", _env_record(ENV_JOB)))
+           if value is not None},
     }
 
 

@@ -184,6 +184,7 @@ class PcflServerMixin:
         if pooled == 0:
             raise PflError("PCFL flow (authors' schedule): no client holds a training row")
         ends = sizes.cumsum(0)
+        starts = ends - sizes
         per_pass = -(-pooled // batch)
         while self.flow_step < (recon + density) * per_pass:
             epoch, first = divmod(self.flow_step, per_pass)
@@ -195,7 +196,6 @@ class PcflServerMixin:
             for b in range(first, per_pass):
                 rows = order[b * batch:(b + 1) * batch]
                 owner = torch.searchsorted(ends, rows, right=True)
-                starts = ends - sizes
                 shares = {cids[int(j)]: rows[owner == j] - starts[j] for j in torch.unique(owner).tolist()}
                 losses.append(self._flow_update(comm, phase, {c: {"rows": r} for c, r in shares.items()}, lr))
             yield SetupStep(f"PCFL flow pass {epoch + 1} of {recon + density} (the authors' schedule, "
