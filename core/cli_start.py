@@ -51,4 +51,13 @@ def restore() -> None:
         pass
 
 
+def forget_handled_interrupts() -> None:
+    """Keep the command's own exit status after a Ctrl-C it handled. CPython notes a KeyboardInterrupt that leaves
+    code run by ``exec`` of a string (the functions a dataclass or namedtuple builds while a module imports) as
+    "unhandled" even when the command catches it further up; under ``python -m`` (and torchrun) the interpreter then
+    ends by killing itself with SIGINT at exit, so ``sys.exit(130)`` or ``2`` came out as -2. Running one more
+    string resets that note; a KeyboardInterrupt that truly leaves the command still sets it again."""
+    exec("pass")  # noqa: S102  (a constant: the reset is the side effect of running any string)
+
+
 install()

@@ -420,6 +420,31 @@ def test_ctrl_c_while_fl_run_starts_exits_130_and_leaves_nothing(tmp_path):
             assert len(err.strip().splitlines()) == 1, err  # "interrupted during start-up; nothing was run"
 
 
+@pytest.mark.parametrize("argv, status", [(["list", "algorithms"], 0), (["run", "--plugin", "no-such-plugin"], 2)])
+def test_a_handled_ctrl_c_inside_exec_keeps_the_commands_exit_status(tmp_path, argv, status):
+    """A Ctrl-C that lands while an import runs ``exec`` of a string (a dataclass building its methods) and that the
+    command catches must not turn ``python -m pflkit.core.cli``'s exit status into death by SIGINT (-2): CPython
+    notes such an interrupt as unhandled (the flaky 130-or--2 of the test above)."""
+    (tmp_path / "fl_after_a_caught_interrupt.py").write_text(
+        "import sys\n"
+        "from pflkit.core.cli import main as fl\n"
+        "command = fl.cli.main\n"
+        "def command_that_caught_a_ctrl_c(*args, **kwargs):\n"
+        "    try:\n"
+        "        return command(*args, **kwargs)\n"
+        "    finally:  # its last import built a dataclass as a Ctrl-C came, and the command caught it\n"
+        "        try:\n"
+        "            exec('raise KeyboardInterrupt')\n"
+        "        except KeyboardInterrupt:\n"
+        "            pass\n"
+        "fl.cli.main = command_that_caught_a_ctrl_c\n"
+        f"sys.argv = ['fl', *{argv!r}]\n"
+        "fl.main()\n")
+    done = subprocess.run([sys.executable, "-m", "fl_after_a_caught_interrupt"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == status, (done.returncode, done.stderr)
+
+
 def test_ctrl_c_during_a_workers_start_and_run(tmp_path):
     """--workers 2: Ctrl-C as the workers start (they ignore SIGINT until their handler is set; the launcher
     forwards it), then Ctrl-C once the run is under way (finish the round, checkpoint, 130). No worker survives,

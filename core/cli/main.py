@@ -48,11 +48,20 @@ _register_commands()
 
 
 def main() -> None:
-    from ..cli_start import INTERRUPTED, restore
+    from ..cli_start import forget_handled_interrupts, restore
     from ..common.threads import apply_cli_default
 
     restore()  # Ctrl-C raises KeyboardInterrupt again, which each command handles (fl run: exit 130)
     apply_cli_default()  # one torch thread unless OMP_NUM_THREADS says otherwise (docs/performance.md, "Threads")
+    try:
+        _run_command()
+    finally:  # also when a command ends by sys.exit(130) after catching a Ctrl-C
+        forget_handled_interrupts()
+
+
+def _run_command() -> None:
+    from ..cli_start import INTERRUPTED
+
     try:
         # not standalone: click would turn a Ctrl-C that lands outside a command's own handling (while it parses
         # the options or imports the engine) into "Aborted!" and exit status 1; Ctrl-C is 130 everywhere
