@@ -7,6 +7,9 @@ Accepted files (JSON):
 - a plain split: ``{"clients": [{"train": [...], "test": [...]}, ...]}``, optionally with ``"dataset"`` (its
   name) and ``"num_samples"``.
 
+A client's validation rows (``"val_indices"`` in a run's file written with ``split.val``, or ``"val"``) come along:
+the split is reused exactly, validation included.
+
 Indices address the pooled dataset in its loading order. The split is checked against the dataset it is used with:
 the number of clients, every index in range, no sample held twice (by two clients, or in a client's train and
 test), at least 2 training and 1 test sample per client, and -- when the file records them -- the dataset name,
@@ -84,7 +87,9 @@ def from_file(labels: np.ndarray, num_clients: int, rng: np.random.Generator, gr
     out = []
     for cid, entry in enumerate(clients):
         train, test = _indices(file, cid, entry, "train"), _indices(file, cid, entry, "test")
-        for part, idx in (("train", train), ("test", test)):
+        has_val = "val_indices" in entry or isinstance(entry.get("val"), list)  # a run file's "val" is a count
+        val = _indices(file, cid, entry, "val") if has_val else np.zeros(0, dtype=np.int64)
+        for part, idx in (("train", train), ("test", test), ("val", val)):
             if idx.size and (idx.min() < 0 or idx.max() >= n):
                 bad = int(idx.max() if idx.max() >= n else idx.min())
                 raise DataError(f"partition file {str(file)!r}: client {cid}'s {part} index {bad} is out of range "
@@ -99,7 +104,7 @@ def from_file(labels: np.ndarray, num_clients: int, rng: np.random.Generator, gr
         if len(train) < 2 or len(test) < 1:
             raise DataError(f"partition file {str(file)!r}: client {cid} has {len(train)} train and {len(test)} "
                             f"test samples; each client needs at least 2 and 1")
-        out.append(ClientSplit(train, test))
+        out.append(ClientSplit(train, test, val))
     check_no_shared_samples(out, f"partition file {str(file)!r}")
     return out
 

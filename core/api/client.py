@@ -20,7 +20,7 @@ from .params import Param, ParamSpec
 from .protocol import Message
 from .state import State, bn_keys, load_into, module_keys
 from .task import Task
-from .training import TensorData, evaluate, make_optimizer, minibatches, run_sgd
+from .training import TensorData, evaluate, evaluation_reply, make_optimizer, minibatches, run_sgd
 
 
 @dataclass
@@ -40,6 +40,7 @@ class ClientContext:
     round: int = 0  # set by the backend before each call
     generator: torch.Generator = field(default_factory=torch.Generator)  # reseeded before each call
     adaptation: Optional[AdaptationSettings] = None  # eval.adapt* (core/api/adaptation.py); None: scores unadapted
+    val: Optional[TensorData] = None  # the validation split (split.val), scored beside test; None: none held out
 
     @property
     def num_train(self) -> int:
@@ -113,9 +114,10 @@ class ClientTrainer:
                            generator=self.ctx.generator, drop_last=drop_last or bool(cfg.get("drop_last", False)))
 
     def evaluate_model(self, forward, modules=()) -> Dict[str, Any]:
-        """Score ``forward`` on the client's test split (``modules`` are switched to eval mode meanwhile)."""
-        return evaluate(forward, self.ctx.test, self.ctx.task, self.ctx.train_cfg.eval_batch_size,
-                        modules).as_dict()
+        """Score ``forward`` on the client's test split, and on its validation split when it holds one (``modules``
+        are switched to eval mode meanwhile). A trainer that scores its own way must reply with the same sums."""
+        return evaluation_reply(forward, self.ctx.test, self.ctx.val, self.ctx.task,
+                                self.ctx.train_cfg.eval_batch_size, modules)
 
 
 BN_PARAM = Param("shared", "batch-norm running statistics: shared with the server or kept local",

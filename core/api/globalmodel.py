@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Mapping
 
 from torch import nn
 
-from .training import evaluate
+from .training import evaluation_reply
 
 GLOBAL_EVALUATE = "evaluate_global"  # the message kind; its replies are evaluation sums like "evaluate"'s
 
@@ -45,7 +45,7 @@ def evaluate_global(ctx: Any, payload: Mapping[str, Any]) -> Dict[str, Any]:
         raise ValueError(f"a '{GLOBAL_EVALUATE}' message carries the global model's state as 'params'")
     model = _scratch_model(ctx.build_model)
     model.load_state_dict(dict(state), strict=True)
-    return evaluate(model, ctx.test, ctx.task, ctx.train_cfg.eval_batch_size).as_dict()
+    return evaluation_reply(model, ctx.test, getattr(ctx, "val", None), ctx.task, ctx.train_cfg.eval_batch_size)
 
 
 def personal_is_global(trainer_cls: type) -> bool:

@@ -122,6 +122,21 @@ class EvalResult:
         return {"num_samples": self.num_samples, "loss_sum": self.loss_sum, "metric_sum": self.metric_sum}
 
 
+VAL_PREFIX = "val_"  # an evaluate reply's validation sums: val_loss_sum, val_metric_sum (split.val)
+
+
+def evaluation_reply(forward: Callable[[torch.Tensor], torch.Tensor] | nn.Module, test: TensorData,
+                     val: Optional[TensorData], task: Task, batch_size: int = 1024,
+                     modules: Iterable[nn.Module] = ()) -> dict:
+    """An evaluate reply: ``forward``'s sums on the client's test split and, when the client holds a validation split
+    (``split.val``), on that too as ``val_loss_sum`` / ``val_metric_sum`` -- the same model scored once per split."""
+    reply = evaluate(forward, test, task, batch_size, modules).as_dict()
+    if val is not None:
+        scored = evaluate(forward, val, task, batch_size, modules)
+        reply[f"{VAL_PREFIX}loss_sum"], reply[f"{VAL_PREFIX}metric_sum"] = scored.loss_sum, scored.metric_sum
+    return reply
+
+
 def _loss_sum(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The batch's loss summed over samples (per target value for a regression target of several values)."""
     if task.kind == "classification":

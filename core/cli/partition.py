@@ -50,12 +50,15 @@ def partition_command(plugin: Optional[str], config_file: Optional[str], sets: T
     cfg = resolve(layers, algorithm=plugin)
     fed = build_federated_data(cfg)
     summary = fed.summary()
-    counts = np.array([[a + b for a, b in zip(c["train_label_counts"], c["test_label_counts"])]
+    val = fed.has_validation  # split.val: the validation rows are a client's too
+    counts = np.array([[a + b + v for a, b, v in zip(c["train_label_counts"], c["test_label_counts"],
+                                                     c.get("val_label_counts") or [0] * len(c["test_label_counts"]))]
                        for c in summary["clients"]])
     click.echo(f"{cfg.dataset.name}: {fed.num_clients} clients, partitioner {cfg.partition.name}")
-    click.echo("client  train  test  label counts (train+test)")
+    click.echo(f"client  train  test{'   val' if val else ''}  label counts (train+test{'+val' if val else ''})")
     for c, row in zip(summary["clients"], counts):
-        click.echo(f"{c['client']:>6}  {c['train']:>5}  {c['test']:>4}  {' '.join(str(v) for v in row)}")
+        held = f"  {c['val']:>4}" if val else ""
+        click.echo(f"{c['client']:>6}  {c['train']:>5}  {c['test']:>4}{held}  {' '.join(str(v) for v in row)}")
     out_path = Path(out)
     if out_path.parent and not out_path.parent.exists():
         raise ConfigError(f"--out: folder {out_path.parent} does not exist")

@@ -66,13 +66,23 @@ class DatasetBundle:
         return np.searchsorted(edges, y).astype(np.int64)
 
 
+def _no_indices() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
 @dataclass
 class ClientSplit:
     """One client's train and test indices into the pooled dataset. A partitioner may return these instead of
-    plain index arrays; the core then uses them as given instead of splitting each client itself."""
+    plain index arrays; the core then uses them as given instead of splitting each client itself. ``val``: the
+    validation rows held out of the client's training rows (``split.val``; empty without one)."""
 
     train: np.ndarray  # indices into the pooled dataset
     test: np.ndarray
+    val: np.ndarray = field(default_factory=_no_indices)
+
+    def parts(self) -> List[tuple]:
+        """``(name, indices)`` of the train and test split, and of the validation split when it holds rows."""
+        return [("train", self.train), ("test", self.test)] + ([("val", self.val)] if len(self.val) else [])
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,19 @@ class FederatedData:
 
         return take(s.train), take(s.test)
 
+    def validation_tensors(self, cid: int, device: torch.device) -> Optional[TensorData]:
+        """Client ``cid``'s validation split as tensors on ``device`` (None without one: ``split.val`` = 0)."""
+        s = self.splits[cid]
+        if not len(s.val):
+            return None
+        t = torch.as_tensor(s.val, dtype=torch.long)
+        return TensorData(self.bundle.x[t].to(device), self.bundle.y[t].to(device), self.bundle.transform)
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether the clients hold validation splits (``split.val`` > 0, or a saved partition that has them)."""
+        return any(len(s.val) for s in self.splits)
+
     def summary(self) -> Dict[str, Any]:
         """The partition as data: each client's sample and label counts (what ``fl data`` and ``partition.json`` show)."""
         labels = self.bundle.labels_for_partition()
@@ -130,6 +153,9 @@ class FederatedData:
                 "train_label_counts": np.bincount(labels[s.train], minlength=n_labels).tolist(),
                 "test_label_counts": np.bincount(labels[s.test], minlength=n_labels).tolist(),
             })
+            if self.has_validation:  # only then: a partition without one keeps its file as before
+                clients[-1]["val"] = len(s.val)
+                clients[-1]["val_label_counts"] = np.bincount(labels[s.val], minlength=n_labels).tolist()
         out: Dict[str, Any] = {"num_clients": self.num_clients, "num_labels": n_labels}
         if self.dataset_name is not None:
             out["dataset"] = self.dataset_name
@@ -143,6 +169,8 @@ class FederatedData:
         for c, s in zip(doc["clients"], self.splits):
             c["train_indices"] = s.train.tolist()
             c["test_indices"] = s.test.tolist()
+            if "val" in c:
+                c["val_indices"] = s.val.tolist()
         from ..common.safefiles import write_atomic  # never through a link planted in the run directory
 
         write_atomic(path, json.dumps(doc))
@@ -161,7 +189,8 @@ class FederatedData:
             from ..common.strictjson import loads as strict_loads  # duplicate keys, deep nesting: refused (ValueError)
 
             doc = strict_loads(read_regular(path, _MAX_PARTITION_BYTES).decode("utf-8"))
-            splits = [ClientSplit(_index_array(c["train_indices"]), _index_array(c["test_indices"]))
+            splits = [ClientSplit(_index_array(c["train_indices"]), _index_array(c["test_indices"]),
+                                  _index_array(c.get("val_indices", [])))
                       for c in doc["clients"]]
         except (ValueError, TypeError, KeyError, OSError) as exc:
             raise DataError(f"partition file {path} is corrupt ({type(exc).__name__}: {str(exc)[:120]}); restore "
@@ -175,16 +204,18 @@ class FederatedData:
         with ``disjoint`` (splits made outside the core) no sample may be in both a client's train and test set."""
         n = len(self.bundle.y)
         for cid, s in enumerate(self.splits):
-            for part, idx in (("train", s.train), ("test", s.test)):
+            for part, idx in s.parts():
                 if len(idx) and (idx.min() < 0 or idx.max() >= n):
                     bad = int(idx.max() if idx.max() >= n else idx.min())
                     raise DataError(f"{source}: client {cid}'s {part} index {bad} is out of range for a dataset "
                                     f"of {n} samples")
             if disjoint:
-                both = np.intersect1d(s.train, s.test)
-                if len(both):
-                    raise DataError(f"{source}: client {cid}'s sample {int(both[0])} is in both its train and its "
-                                    f"test set ({len(both)} shared)")
+                for (name_a, a), (name_b, b) in ((s.parts()[i], s.parts()[j]) for i in range(len(s.parts()))
+                                                 for j in range(i + 1, len(s.parts()))):
+                    both = np.intersect1d(a, b)
+                    if len(both):
+                        raise DataError(f"{source}: client {cid}'s sample {int(both[0])} is in both its {name_a} "
+                                        f"and its {name_b} set ({len(both)} shared)")
             if len(s.train) < 2:
                 raise DataError(f"{source}: client {cid} has {len(s.train)} training samples, it needs at least 2 "
                                 f"(lower split.test_ratio or give the client more data)")
@@ -197,9 +228,11 @@ def check_no_shared_samples(splits: Sequence[ClientSplit], source: str) -> None:
     set (a split made outside the core -- a saved or given partition -- is checked; one line names the clients)."""
     if not splits:
         return
-    idx = np.concatenate([np.concatenate([s.train, s.test]) for s in splits])
-    owner = np.concatenate([np.full(len(s.train) + len(s.test), cid, dtype=np.int64) for cid, s in enumerate(splits)])
-    in_test = np.concatenate([np.r_[np.zeros(len(s.train), bool), np.ones(len(s.test), bool)] for s in splits])
+    names = ("train", "test", "val")
+    idx = np.concatenate([np.concatenate([s.train, s.test, s.val]) for s in splits])
+    owner = np.concatenate([np.full(len(s.train) + len(s.test) + len(s.val), cid, dtype=np.int64)
+                            for cid, s in enumerate(splits)])
+    part_of = np.concatenate([np.repeat(np.arange(3), [len(s.train), len(s.test), len(s.val)]) for s in splits])
     order = np.argsort(idx, kind="stable")
     srt = idx[order]
     dup = np.flatnonzero(srt[1:] == srt[:-1])
@@ -210,17 +243,18 @@ def check_no_shared_samples(splits: Sequence[ClientSplit], source: str) -> None:
     a, b, sample = int(owner[first]), int(owner[second]), int(srt[i])
     if a != b:
         what = f"clients {a} and {b} both hold sample {sample}"
-    elif in_test[first] != in_test[second]:
-        what = f"client {a}'s sample {sample} is in both its train and its test set"
+    elif part_of[first] != part_of[second]:
+        what = (f"client {a}'s sample {sample} is in both its {names[part_of[first]]} and its "
+                f"{names[part_of[second]]} set")
     else:
-        what = f"client {a} holds sample {sample} twice in its {'test' if in_test[first] else 'train'} set"
+        what = f"client {a} holds sample {sample} twice in its {names[part_of[first]]} set"
     raise DataError(f"{source}: {what} ({len(dup)} repeated sample(s) in all); clients must not share samples")
 
 
 def partition_fingerprint(splits: Sequence[ClientSplit]) -> str:
     digest = hashlib.sha256()
-    for s in splits:
-        for part in (s.train, s.test):
+    for s in splits:  # a validation split joins the digest only when it holds rows: older fingerprints stay valid
+        for _, part in s.parts():
             arr = np.ascontiguousarray(part, dtype="<i8")
             digest.update(len(arr).to_bytes(8, "little"))
             digest.update(arr.tobytes())
@@ -285,6 +319,17 @@ def split_by_dataset(indices: np.ndarray, test_rows: np.ndarray, labels: np.ndar
         train, test = (_stratified_take(part, labels, max(1, int(round(len(part) * fraction))), rng) if len(part)
                        else part for part in (train, test))
     return ClientSplit(np.sort(train), np.sort(test))
+
+
+def hold_out_validation(split: ClientSplit, labels: np.ndarray, rng: np.random.Generator, ratio: float
+                        ) -> ClientSplit:
+    """``split.val``: a stratified share ``ratio`` of the client's training rows (at least one) becomes its
+    validation split; the test split is untouched. Fewer than 2 training rows left is the caller's clear error."""
+    k = max(1, int(round(len(split.train) * ratio)))
+    if len(split.train) - k < 2:
+        return ClientSplit(split.train, split.test, split.train[:0])
+    val = _stratified_take(split.train, labels, k, rng)
+    return ClientSplit(np.setdiff1d(split.train, val), split.test, np.sort(val))
 
 
 def _stratified_take(indices: np.ndarray, labels: np.ndarray, total: int, rng: np.random.Generator) -> np.ndarray:
@@ -381,7 +426,8 @@ def partition_indices(cfg: EasyDict, bundle: DatasetBundle) -> List[Any]:
                         f"splits (ClientSplit) for others; return one kind for all clients")
     if all(given) and parts:
         try:
-            return [ClientSplit(_index_array(p.train), _index_array(p.test)) for p in parts]
+            return [ClientSplit(_index_array(p.train), _index_array(p.test), _index_array(getattr(p, "val", [])))
+                    for p in parts]
         except ValueError as exc:
             raise DataError(f"partitioner '{cfg.partition.name}': {exc}") from None
     return [np.asarray(p, dtype=np.int64) for p in parts]
@@ -417,9 +463,38 @@ def _check_split_sizes(cfg: EasyDict, cid: int, received: int, split: ClientSpli
                       f"min_size, fewer partition.num_clients)")
 
 
+def with_validation(cfg: EasyDict, splits: List[ClientSplit], labels: np.ndarray) -> List[ClientSplit]:
+    """Each client's validation split (``split.val`` of its training rows, stratified, drawn from its own seed so
+    that the train/test split is the one of a run without validation). A partition that already holds validation
+    splits (a saved one) is used as given."""
+    ratio = float(cfg.split.get("val", 0.0) or 0.0)
+    if ratio <= 0 or any(len(s.val) for s in splits):
+        return splits
+    rng = np.random.default_rng(derive_seed(partition_seed(cfg), "validation"))
+    out = []
+    for cid, s in enumerate(splits):
+        held = hold_out_validation(s, labels, rng, ratio)
+        if not len(held.val):
+            raise ConfigError(f"split.val: client {cid} has {len(s.train)} training samples, too few to hold out a "
+                              f"validation sample and keep 2 to train on; lower partition.num_clients, raise the "
+                              f"partitioner's min_size, or set split.val=0")
+        out.append(held)
+    return out
+
+
 def build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle] = None,
                          splits: Optional[List[ClientSplit]] = None) -> FederatedData:
     """Load, partition and split; the same config and seed always give the same clients."""
+    fed = _build_federated_data(cfg, bundle, splits)
+    if splits is None and cfg.split.get("val", 0.0):
+        fed = FederatedData(fed.bundle, with_validation(cfg, fed.splits, fed.bundle.labels_for_partition()),
+                            fed.dataset_name)
+        fed.check_indices("split", disjoint=True)
+    return fed
+
+
+def _build_federated_data(cfg: EasyDict, bundle: Optional[DatasetBundle],
+                          splits: Optional[List[ClientSplit]]) -> FederatedData:
     bundle = bundle if bundle is not None else load_dataset(cfg)
     name = cfg.dataset.name
     if splits is None:

@@ -13,7 +13,7 @@ from ..common.errors import PflError
 from .privacy import PrivacyGuard
 from ..api.protocol import Message, first_non_finite, payload_nbytes
 from ..api.globalmodel import GLOBAL_EVALUATE
-from .replies import EVALUATION_KINDS, ReplyChecks
+from .replies import EVALUATION_KINDS, VAL_COUNT, ReplyChecks
 from ..common.seeding import derive_seed
 
 log = logging.getLogger("pflkit")
@@ -138,6 +138,8 @@ class Communicator:
                 folded[cid] = fields
             if kinds[cid] in EVALUATION_KINDS and self.checks is not None and isinstance(reply, dict):
                 reply["num_samples"] = self.checks.test_size(cid)  # the count is the core's own
+                if self.checks.val_size(cid):
+                    reply[VAL_COUNT] = self.checks.val_size(cid)
             if accounted and "train_loss" in reply:
                 self.traffic.train_replies[cid] = reply
             replies[cid] = reply

@@ -142,6 +142,10 @@ CORE_SCHEMA: Dict[str, Any] = {
                                     "samples, by label) or dataset (its samples in the dataset's own test set, e.g. "
                                     "Adult's adult.test; the dataset must mark them)",
                       choices=("stratified", "dataset")),
+        "val": Param(0.0, "hold out this stratified share of each client's training samples (at least one) as its "
+                          "validation split, scored beside the test split at each evaluation (val_* metrics, the "
+                          "validation-selected round: docs/evaluation.md); 0: none, the split of earlier versions",
+                     type=float, check=lambda v: None if 0 <= v < 1 else "must lie in [0, 1)"),
         "fraction": Param(1.0, "keep this stratified fraction of each client's samples before the train/test split "
                                "(smaller, faster experiments with the partition's skew and client sizes kept)",
                           check=open_unit_interval, type=float),

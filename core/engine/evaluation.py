@@ -7,6 +7,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from ..api.training import VAL_PREFIX
+from .replies import VAL_COUNT
+
 
 def summarize(results: Mapping[int, Mapping[str, float]], metric: str = "accuracy") -> Dict[str, float]:
     """``results``: cid -> {num_samples, loss_sum, metric_sum}. Returns the round's evaluation scalars.
@@ -32,7 +35,28 @@ def summarize(results: Mapping[int, Mapping[str, float]], metric: str = "accurac
         "test_loss/uniform": float(per_loss.mean()),
         "test_loss/weighted": float(l_sum.sum() / n.sum()),
         "clients_evaluated": int(keep.sum()),
+        **validation_summary(results, metric),
     }
+
+
+def validation_summary(results: Mapping[int, Mapping[str, float]], metric: str) -> Dict[str, float]:
+    """The validation split's scalars (``split.val``): ``val_<metric>/uniform`` and ``/weighted``, and the loss
+    alike, over the clients whose replies hold validation sums; {} when none does (no validation split)."""
+    held = [r for r in results.values() if r.get(VAL_COUNT)]
+    if not held:
+        return {}
+    n = np.array([r[VAL_COUNT] for r in held], dtype=np.float64)
+    m_sum = np.array([r[f"{VAL_PREFIX}metric_sum"] for r in held], dtype=np.float64)
+    l_sum = np.array([r[f"{VAL_PREFIX}loss_sum"] for r in held], dtype=np.float64)
+    return {f"{VAL_PREFIX}{metric}/uniform": float((m_sum / n).mean()),
+            f"{VAL_PREFIX}{metric}/weighted": float(m_sum.sum() / n.sum()),
+            f"{VAL_PREFIX}loss/uniform": float((l_sum / n).mean()),
+            f"{VAL_PREFIX}loss/weighted": float(l_sum.sum() / n.sum())}
+
+
+def per_client_validation(results: Mapping[int, Mapping[str, float]]) -> Dict[int, float]:
+    """Each client's validation metric, for the clients whose replies hold validation sums."""
+    return {cid: r[f"{VAL_PREFIX}metric_sum"] / r[VAL_COUNT] for cid, r in results.items() if r.get(VAL_COUNT)}
 
 
 def per_client_metric(results: Mapping[int, Mapping[str, float]]) -> Dict[int, float]:
@@ -68,12 +92,25 @@ class History:
     records: List[Dict[str, float]] = field(default_factory=list)
     keep_per_client: int = 1  # how many of the last evaluations' per-client values are kept (eval.final_k)
     per_client: List[Tuple[int, Dict[str, float]]] = field(default_factory=list)  # (round, client id -> metric)
+    #: split.val: client id -> [its best validation metric, its test metric then, that round] (per-client selection)
+    client_selection: Dict[str, List[float]] = field(default_factory=dict)
 
     def add(self, rnd: int, summary: Dict[str, float], per_client: Optional[Mapping[str, float]] = None) -> None:
         self.rounds.append(rnd)
         self.records.append(dict(summary))
         if per_client:
             self.per_client = (self.per_client + [(rnd, dict(per_client))])[-max(1, self.keep_per_client):]
+
+    def note_clients(self, rnd: int, test: Mapping[int, float], val: Mapping[int, float]) -> None:
+        """Per-client selection (``split.val``): each client keeps the test metric of its evaluation with the best
+        validation metric so far (the first of equal ones), never looking at test values to choose."""
+        better = (lambda a, b: a > b) if self.higher_is_better else (lambda a, b: a < b)
+        for cid, v in val.items():
+            if cid not in test or not math.isfinite(v):
+                continue
+            kept = self.client_selection.get(str(cid))
+            if kept is None or better(v, kept[0]):
+                self.client_selection[str(cid)] = [float(v), float(test[cid]), rnd]
 
     def truncate(self, last_round: int) -> None:
         keep = [i for i, r in enumerate(self.rounds) if r <= last_round]
@@ -113,20 +150,47 @@ class History:
         return {"weighted": val, "uniform": self.records[self.rounds.index(rnd)].get(f"{self.metric}/uniform"),
                 "round": rnd}
 
+    def selected(self, agg: str = "uniform") -> Optional[Dict[str, Any]]:
+        """The test metric (``agg``: uniform or weighted) at the evaluation with the best validation metric of the
+        same kind -- a round chosen without the test data; None when the run has no validation split."""
+        key = f"{VAL_PREFIX}{self.metric}/{agg}"
+        found = [(i, rec[key]) for i, rec in enumerate(self.records) if key in rec and math.isfinite(rec[key])]
+        if not found:
+            return None
+        pick = max if self.higher_is_better else min
+        i, val = pick(found, key=lambda t: t[1])  # the first of equal values
+        return {agg: self.records[i].get(f"{self.metric}/{agg}"), f"val_{agg}": val, "round": self.rounds[i]}
+
+    def selected_per_client(self) -> Optional[Dict[str, Any]]:
+        """Each client's test metric at its own best validation evaluation, averaged over the clients (uniform):
+        early stopping per personal model; None without a validation split."""
+        if not self.client_selection:
+            return None
+        tests = [kept[1] for kept in self.client_selection.values()]
+        return {"uniform": float(np.mean(tests)), "clients": len(tests)}
+
     def summary(self, k: int) -> Dict[str, Any]:
-        return {"metric": self.metric, "higher_is_better": self.higher_is_better,
-                "final": self.final(k), "best": self.best(), "best_weighted": self.best_weighted(),
-                "evaluations": len(self.records),
-                "last": self.records[-1] if self.records else {}}
+        out = {"metric": self.metric, "higher_is_better": self.higher_is_better,
+               "final": self.final(k), "best": self.best(), "best_weighted": self.best_weighted()}
+        for name, section in (("selected", self.selected("uniform")), ("selected_weighted", self.selected("weighted")),
+                              ("selected_per_client", self.selected_per_client())):
+            if section is not None:  # split.val: chosen on validation, beside best (chosen on test)
+                out[name] = section
+        return {**out, "evaluations": len(self.records), "last": self.records[-1] if self.records else {}}
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"rounds": self.rounds, "records": self.records,
-                "per_client": [[r, v] for r, v in self.per_client]}
+        state = {"rounds": self.rounds, "records": self.records,
+                 "per_client": [[r, v] for r, v in self.per_client]}
+        if self.client_selection:
+            state["client_selection"] = self.client_selection
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.rounds = list(state["rounds"])
         self.records = [dict(r) for r in state["records"]]
         self.per_client = [(int(r), dict(v)) for r, v in state.get("per_client", [])]  # older checkpoints: none
+        self.client_selection = {str(c): [float(v[0]), float(v[1]), int(v[2])]
+                                 for c, v in state.get("client_selection", {}).items()}
 
 
 def final_per_client(last_rounds: List[int], per_client: List[Tuple[int, Mapping[str, float]]]) -> Dict[str, float]:

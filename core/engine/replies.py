@@ -7,7 +7,8 @@
 - An evaluate reply's sums (``evaluate``, and ``evaluate_global``: the global model's evaluation) are over the
   client's own test split: ``loss_sum`` and ``metric_sum`` present, finite and >= 0, a classification
   ``metric_sum`` at most the split's size; its count is the core's own (a reply that states another one is
-  refused, its sums being over other samples).
+  refused, its sums being over other samples). A client that holds a validation split (``split.val``) replies with
+  ``val_loss_sum`` and ``val_metric_sum`` too, checked alike against that split's size.
 
 A refused reply is one failed client, counted and logged like any other (``Communicator._reject``).
 """
@@ -24,10 +25,13 @@ from ..api.fold import Layout, layout_problem
 from ..api.adaptation import REPLY_SECONDS, REPLY_STEPS
 from ..api.globalmodel import GLOBAL_EVALUATE
 from ..api.protocol import safe_name
+from ..api.training import VAL_PREFIX
 
 EVALUATE = "evaluate"  # the message kind whose replies are evaluation sums (ServerAggregator.configure_evaluate)
 EVALUATION_KINDS = (EVALUATE, GLOBAL_EVALUATE)  # ... and the core's evaluation of the global model (globalmodel)
 EVAL_SUMS = ("loss_sum", "metric_sum")
+VAL_SUMS = tuple(VAL_PREFIX + key for key in EVAL_SUMS)  # the validation split's (split.val)
+VAL_COUNT = VAL_PREFIX + "num_samples"  # its size, set by the core like num_samples
 
 
 def count_of(value: Any) -> Optional[int]:
@@ -56,10 +60,12 @@ class ReplyChecks:
 
     def __init__(self, train_sizes: Mapping[int, int], test_sizes: Mapping[int, int], bounded_metric: bool,
                  layout_of: Optional[Callable[[str, str], Optional[Layout]]] = None,
-                 sample_limit: Optional[Callable[[int], int]] = None, who: str = "the aggregator") -> None:
+                 sample_limit: Optional[Callable[[int], int]] = None, who: str = "the aggregator",
+                 val_sizes: Optional[Mapping[int, int]] = None) -> None:
         self.who = who
         self.train_sizes = {int(c): int(n) for c, n in train_sizes.items()}
         self.test_sizes = {int(c): int(n) for c, n in test_sizes.items()}
+        self.val_sizes = {int(c): int(n) for c, n in (val_sizes or {}).items() if int(n) > 0}
         self.bounded_metric = bool(bounded_metric)
         self._layout_of = layout_of
         self._sample_limit = sample_limit
@@ -73,7 +79,8 @@ class ReplyChecks:
                    {cid: len(s.test) for cid, s in enumerate(splits)},
                    getattr(task, "kind", "") == "classification",
                    getattr(server, "reply_layout", None), getattr(server, "reply_sample_limit", None),
-                   f"aggregator {type(server).__name__}")
+                   f"aggregator {type(server).__name__}",
+                   {cid: len(getattr(s, "val", ())) for cid, s in enumerate(splits)})
 
     def begin(self) -> None:
         """A new exchange: the server's expectations are asked again (its model may have been replaced)."""
@@ -140,22 +147,33 @@ class ReplyChecks:
             if stated != n:
                 shown = stated if stated is not None else f"a {type(reply['num_samples']).__name__}"
                 return f"its evaluation's num_samples is {shown}, its test split holds {n}"
+        problem = self._sums_problem(reply, EVAL_SUMS, n, "test")
+        if problem is None and cid in self.val_sizes:
+            problem = self._sums_problem(reply, VAL_SUMS, self.val_sizes[cid], "validation")
+        return problem if problem is not None else adaptation_problem(reply)
+
+    def _sums_problem(self, reply: Mapping[str, Any], keys: Sequence[str], n: int, split: str) -> Optional[str]:
         sums = {}
-        for key in EVAL_SUMS:
+        for key in keys:
             if key not in reply:
-                return f"its evaluation lacks '{key}'"
+                why = (" (split.val: the client holds a validation split; score with ClientTrainer.evaluate_model, "
+                       "which adds it)" if split == "validation" else "")
+                return f"its evaluation lacks '{key}'{why}"
             value = real_of(reply[key])
             if value is None:
                 return f"its evaluation's {key} is a {type(reply[key]).__name__}, not a number"
             if not math.isfinite(value) or value < 0:
                 return f"its evaluation's {key} {value!r} is not a finite number >= 0"
             sums[key] = value
-        if self.bounded_metric and sums["metric_sum"] > n:
-            return f"its evaluation's metric_sum {sums['metric_sum']:g} exceeds its {n} test samples"
-        return adaptation_problem(reply)
+        if self.bounded_metric and sums[keys[1]] > n:
+            return f"its evaluation's {keys[1]} {sums[keys[1]]:g} exceeds its {n} {split} samples"
+        return None
 
     def test_size(self, cid: int) -> int:
         return self.test_sizes.get(cid, 0)
+
+    def val_size(self, cid: int) -> int:
+        return self.val_sizes.get(cid, 0)
 
 
 def adaptation_problem(reply: Mapping[str, Any]) -> Optional[str]:

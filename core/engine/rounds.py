@@ -26,7 +26,7 @@ from .silent import SilentReporter
 from ..storage.checkpoint import checkpoint_exists
 from ..api.clientstate import SPILL_DIR
 from ..common.errors import ConfigError, PflError
-from .evaluation import History, per_client_metric, per_client_record, summarize
+from .evaluation import History, per_client_metric, per_client_record, per_client_validation, summarize
 from .globaleval import GlobalEvaluation
 from ..storage.monitor import RoundReporter, RunLogger, append_run_log
 from ..storage.reporting import strict_json
@@ -355,6 +355,9 @@ class RoundLoop:
         self.last_per_client = per_client_record(results)  # written into the round's metrics.jsonl record
         self.last_results = results  # the personal replies: a reuse as the global model's numbers is checked on them
         metrics = per_client_metric(results)
+        val = per_client_validation(results)
+        if val:  # split.val: each client's test metric at its best validation round so far
+            self.history.note_clients(rnd, metrics, val)
         if metrics:
             self.logger.log_histogram(f"{self.task.metric_name}/per_client", list(metrics.values()))
         self.global_eval.note_evaluate_messages(messages, self.client_ids)  # what they carried, for a reuse

@@ -235,11 +235,13 @@ class Simulation(RoundLoop):
         adaptation.check_model(self.trainer_cls, self.build_model, adapt)
         for cid in (c for c in self.client_ids if c in local):
             train, test = self.data.client_tensors(cid, self.device)
-            self.guard.register(cid, [train.x, test.x], [train.y, test.y])
+            val = self.data.validation_tensors(cid, self.device)  # split.val; None without one
+            held = [train, test] + ([val] if val is not None else [])
+            self.guard.register(cid, [d.x for d in held], [d.y for d in held])
             self.contexts[cid] = ClientContext(
                 cid=cid, train=train, test=test, task=self.task, device=self.device, hp=trainer_hp,
                 train_cfg=cfg.train, build_model=self.build_model, num_clients=len(self.client_ids), seed=cfg.seed,
-                adaptation=adapt)
+                adaptation=adapt, val=val)
         # the backend owns the clients' state: one live trainer each, or (a trainer that declares its state) a
         # pooled working trainer plus a store of declared states with a memory budget
         state_opts = StateOptions(parse_size(cfg.get("clients", {}).get("state_memory")), self.run_dir / SPILL_DIR)

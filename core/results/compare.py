@@ -47,7 +47,7 @@ import numpy as np
 from ..storage.checkpoint import CHECKPOINT_NAME
 from ..engine.config import parse_sets, resolve, to_plain, without_neutral_defaults
 from ..common.errors import CheckpointError, ConfigError
-from ..storage.rundata import (JSON_LIMIT, METRICS_LIMIT, METRICS_NAME, PLOT_LIMIT, finished_run_problem, read_json, read_config,
+from ..storage.rundata import (JSON_LIMIT, METRICS_LIMIT, METRICS_NAME, PLOT_LIMIT, finished_run_problem, read_json, read_config, selected_values,
                                read_records, read_summary)
 from ..common.safefiles import read_regular, write_atomic
 from .placement import Placement, pin_worker, plan_placement
@@ -56,6 +56,7 @@ log = logging.getLogger("pflkit")
 
 STATS = ("final_uniform", "best_uniform", "final_weighted")
 GLOBAL_STATS = ("final_global_uniform", "final_global_weighted")  # the global model's, where a run has one
+SELECTED_STATS = ("selected_uniform", "selected_weighted", "selected_per_client")  # split.val: chosen on validation
 
 
 def _global_finals(summary: Mapping[str, Any]) -> Dict[str, Any]:
@@ -630,7 +631,7 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
     for entry in per_algo.values():
         for stat in STATS:
             entry[stat] = _mean_std([r[stat] for r in entry["runs"]])
-        for stat in GLOBAL_STATS:
+        for stat in GLOBAL_STATS + SELECTED_STATS:
             if any(stat in r for r in entry["runs"]):
                 entry[stat] = _mean_std([r.get(stat) for r in entry["runs"]])
         entry["bytes_up_total"] = _mean_std([r["bytes_up_total"] for r in entry["runs"]])
@@ -686,6 +687,7 @@ def _run_record(entry: Entry, seed: int, cfg: Any, run_dir: Path, summary: Optio
         "final_k": summary["final"]["k"], "rounds_completed": summary["rounds_completed"],
         "bytes_up_total": summary["bytes_up_total"], "seconds": seconds,
         "client_failures": int(summary.get("client_failures", 0)), "curve": curve, **_global_finals(summary),
+        **{k: v for k, v in selected_values(summary).items() if k in SELECTED_STATS},
     }
 
 
@@ -703,18 +705,22 @@ def results_table(results: Mapping[str, Any]) -> Tuple[List[str], List[Dict[str,
     metric = results["metric"]
     percent = metric == "accuracy"
     unit = " (%)" if percent else ""
+    selected = any("selected_uniform" in results["results"][a] for a in results["algorithms"])
     columns = ["algorithm", f"final {metric}, uniform{unit}", f"best {metric}, uniform{unit}",
+               *([f"selected {metric}, uniform{unit}", f"selected {metric}, per client{unit}"] if selected else []),
                f"final {metric}, weighted{unit}", "model", "runs", "upload per run (MiB)", "seconds per run",
                "rejected"]
     rows = []
     for algo in results["algorithms"]:
         e = results["results"][algo]
+        chosen = ([_fmt(e.get(k, {"n": 0}), percent) for k in ("selected_uniform", "selected_per_client")]
+                  if selected else [])
         up = e["bytes_up_total"]
         sec = e.get("seconds", {"n": 0})
         planned = e.get("runs_planned", len(e["runs"]))
         runs_text = str(len(e["runs"])) if len(e["runs"]) == planned else f"{len(e['runs'])} of {planned}"
         rows.append(dict(zip(columns, [
-            algo, _fmt(e["final_uniform"], percent), _fmt(e["best_uniform"], percent),
+            algo, _fmt(e["final_uniform"], percent), _fmt(e["best_uniform"], percent), *chosen,
             _fmt(e["final_weighted"], percent), e.get("model", "n/a"), runs_text,
             "n/a" if up["n"] == 0 else f"{up['mean'] / 2 ** 20:.2f}",
             "n/a" if sec["n"] == 0 else f"{sec['mean']:.1f}", str(e.get("client_failures", 0))])))
@@ -732,7 +738,9 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         "",
         f"Seeds: {', '.join(map(str, results['seeds']))}. Each cell: mean ± {results['std']}. "
         f"Final = mean of the last {results['final_k']} evaluations; uniform = mean over clients of each "
-        f"client's {metric}; weighted = pooled over all test samples; best = best uniform evaluation; "
+        f"client's {metric}; weighted = pooled over all test samples; best = best uniform evaluation (chosen on "
+        f"the test data: it overstates); selected = the test {metric} at the evaluation with the best validation "
+        f"{metric} (split.val; per client: each client at its own); "
         f"seconds = training + evaluation time of a run's rounds (wall clock, {results.get('jobs', 1)} parallel "
         f"job(s)); runs = finished runs in the statistics (of those planned); rejected = client replies rejected "
         f"(NaN/Inf or an error), summed over those runs. Per-run numbers: results.json; the table as data, with "

@@ -143,6 +143,9 @@ def missing_data(table: Table, columns: Sequence[Column], quick: bool,
 
 # summary.json's place of each pflkit metric key read from the summary: (section, part, value); section None: top level
 _SUMMARY_KEYS = {"best_weighted": (None, "best_weighted", "weighted"),
+                 "selected_uniform": (None, "selected", "uniform"),
+                 "selected_weighted": (None, "selected_weighted", "weighted"),
+                 "selected_per_client": (None, "selected_per_client", "uniform"),
                  "final_global_uniform": ("global", "final", "uniform"),
                  "final_global_weighted": ("global", "final", "weighted"),
                  "best_global_uniform": ("global", "best", "uniform"),

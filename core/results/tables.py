@@ -48,6 +48,11 @@ PFLKIT_METRICS = {
     "final_weighted": "metric pooled over every test sample, averaged over the last eval.final_k evaluations",
     "best_uniform": "best evaluation of the mean over clients",
     "best_weighted": "best evaluation of the metric pooled over every test sample (sample-weighted mean)",
+    "selected_uniform": "mean over clients at the evaluation with the best validation mean (split.val > 0)",
+    "selected_weighted": "metric pooled over every test sample at the evaluation with the best pooled validation "
+                         "metric (split.val > 0)",
+    "selected_per_client": "each client's metric at its own best validation evaluation, mean over clients "
+                           "(split.val > 0)",
     "final_min": "lowest client's metric, averaged over the last eval.final_k evaluations",
     "final_max": "highest client's metric, averaged over the last eval.final_k evaluations",
     "final_clients": "the column's clients' metric (each averaged over the last eval.final_k evaluations: the "

@@ -41,6 +41,7 @@ def format_summary(result: Dict[str, Any]) -> str:
         (f"best {m}, uniform (round {best['round']})", fmt(best["uniform"])),
         *([(f"best {m}, sample-weighted (round {result['best_weighted']['round']})",
             fmt(result["best_weighted"]["weighted"]))] if "best_weighted" in result else []),
+        *_selected_rows(result, m, fmt),
         *(_global_rows(result["global"], m, fmt) if "global" in result else []),
         (f"last round {m}, min / max client",
          f"{fmt(last.get(f'{m}/min'))} / {fmt(last.get(f'{m}/max'))}"),
@@ -57,6 +58,20 @@ def format_summary(result: Dict[str, Any]) -> str:
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 40)
     return "\n".join([line] + [f"{k.ljust(width)}  {v}" for k, v in rows] + [line])
+
+
+def _selected_rows(result: Dict[str, Any], m: str, fmt) -> list:
+    """split.val: the test metric at the evaluation chosen on the validation split (not on the test data, as best
+    is), and each client's at its own best validation evaluation."""
+    rows = []
+    sel, sel_w, per_client = (result.get(k) for k in ("selected", "selected_weighted", "selected_per_client"))
+    if isinstance(sel, dict):
+        rows.append((f"selected {m}, uniform (round {sel.get('round')}, best validation)", fmt(sel.get("uniform"))))
+    if isinstance(sel_w, dict):
+        rows.append((f"selected {m}, sample-weighted (round {sel_w.get('round')})", fmt(sel_w.get("weighted"))))
+    if isinstance(per_client, dict):
+        rows.append((f"selected {m}, each client at its best validation", fmt(per_client.get("uniform"))))
+    return rows
 
 
 def _global_rows(section: Any, m: str, fmt) -> list:

@@ -142,7 +142,8 @@ _SUMMARY_FIELDS = {"metric": (lambda v: isinstance(v, str) and 0 < len(v) <= 64,
                    "interrupted": (bool, "true or false"), "client_failures": (_is_number, "a number"),
                    "status": (lambda v: v in ("finished", "interrupted", "failed"), "finished, interrupted or failed"),
                    "bytes_up_total": (_is_number, "a number"), "bytes_down_total": (_is_number, "a number")}
-_SUMMARY_SECTIONS = ("final", "best", "best_weighted", "last")
+_SUMMARY_SECTIONS = ("final", "best", "best_weighted", "last", "selected", "selected_weighted",
+                     "selected_per_client")
 
 
 def check_summary(path: Path, summary: Dict[str, Any]) -> Dict[str, Any]:
@@ -491,11 +492,24 @@ def summary_table(runs: Sequence[RunData], config_keys: Sequence[str] = ()) -> L
             "final_uniform": final.get("uniform"), "final_weighted": final.get("weighted"),
             "final_k": final.get("k"), "best_uniform": best.get("uniform"), "best_round": best.get("round"),
             "best_weighted": best.get("weighted"),
+            **selected_values(s),
             **_global_columns(s),
             "client_failures": s.get("client_failures", _logged_failures(run.records)),
             "bytes_up_total": s.get("bytes_up_total"),
         })
     return rows
+
+
+def selected_values(summary: Dict[str, Any]) -> Dict[str, Any]:
+    """split.val: the test metric at the validation-selected evaluation (uniform and weighted, each chosen on its
+    own validation mean; per client, each at its own) and the rounds; {} for a run without a validation split."""
+    sel, sel_w, per_client = (summary.get(k) if isinstance(summary.get(k), dict) else None
+                              for k in ("selected", "selected_weighted", "selected_per_client"))
+    if sel is None and sel_w is None and per_client is None:
+        return {}
+    return {"selected_uniform": (sel or {}).get("uniform"), "selected_round": (sel or {}).get("round"),
+            "selected_weighted": (sel_w or {}).get("weighted"),
+            "selected_per_client": (per_client or {}).get("uniform")}
 
 
 def _global_columns(summary: Dict[str, Any]) -> Dict[str, Any]:
