@@ -15,9 +15,9 @@ from pflkit.core.data.data import ClientSplit, FederatedData, build_federated_da
 from pflkit.core.engine.evaluation import History, summarize
 from pflkit.core.engine.replies import ReplyChecks
 from pflkit.core.results.compare import run_comparison
-from pflkit.core.storage.rundata import summary_table, load_run
-from pflkit.core.testing import (TINY, assert_one_line_error, assert_resume_matches_full_run, tiny_config,
-                                 tiny_simulation)
+from pflkit.core.storage.rundata import finished_run_problem, load_run, read_records, summary_table
+from pflkit.core.testing import (TINY, assert_one_line_error, assert_resume_matches_full_run,
+                                 assert_workers_match_serial, tiny_config, tiny_simulation)
 
 
 def _splits(val: float, seed: int = 0):
@@ -169,3 +169,36 @@ def test_a_resumed_run_selects_as_the_run_made_in_one_go(tmp_path):
     full, part = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("full", "part"))
     for key in ("selected", "selected_weighted", "selected_per_client"):
         assert part[key] == full[key]
+
+
+def test_the_selected_numbers_are_checked_against_the_logged_evaluations(tmp_path):
+    sim = tiny_simulation("fedper", tmp_path / "run", {"rounds": 3, "split": {"val": 0.2}})
+    summary = sim.run()
+    records = read_records(sim.run_dir / "metrics.jsonl")
+    assert all(set(r["per_client_val"]) == set(r["per_client"]) for r in records if r["round"] >= 1)
+    summary = json.loads(json.dumps(summary))
+    assert finished_run_problem(summary, records, 3, 5) is None
+    for key, part in (("selected", "uniform"), ("selected", "round"), ("selected_weighted", "weighted"),
+                      ("selected_per_client", "uniform")):
+        edited = json.loads(json.dumps(summary))
+        edited[key][part] = (edited[key][part] or 0) + (1 if part == "round" else 0.01)
+        assert f"summary.json gives {key}.{part}" in finished_run_problem(edited, records, 3, 5)
+
+
+def test_two_workers_give_the_serial_validation_numbers(tmp_path):
+    assert_workers_match_serial("fedper", {"split": {"val": 0.2}}, tmp_path)
+
+
+@pytest.mark.parametrize("algorithm", ["ditto", "fedavg"])  # the global model scored apart; its numbers reused
+def test_the_global_model_is_selected_on_its_own_validation_means(tmp_path, algorithm):
+    sim = tiny_simulation(algorithm, tmp_path / "run", {"rounds": 3, "split": {"val": 0.2}})
+    summary = json.loads(json.dumps(sim.run()))
+    records = [r for r in read_records(sim.run_dir / "metrics.jsonl") if "val_global_accuracy/uniform" in r]
+    assert len(records) == 3
+    best = max(records, key=lambda r: r["val_global_accuracy/uniform"])  # the first of equal ones
+    assert summary["global"]["selected"] == {"uniform": best["global_accuracy/uniform"],
+                                             "val_uniform": best["val_global_accuracy/uniform"],
+                                             "round": best["round"]}
+    summary["global"]["selected"]["uniform"] += 0.01
+    assert "summary.json gives global.selected.uniform" in finished_run_problem(
+        summary, read_records(sim.run_dir / "metrics.jsonl"), 3, 5)

@@ -73,13 +73,18 @@ PER_CLIENT_LIMIT = 1000
 
 def per_client_record(results: Mapping[int, Mapping[str, float]], limit: int = PER_CLIENT_LIMIT) -> Dict[str, Any]:
     """``{"per_client": {cid: metric}, "per_client_samples": {cid: test samples}}`` (ids as text, in id order) for
-    the clients with test samples, the values ``summarize`` averages; {} beyond ``limit`` clients."""
+    the clients with test samples, the values ``summarize`` averages, and ``per_client_val`` (their validation
+    metric) with a validation split; {} beyond ``limit`` clients."""
     metrics = per_client_metric(results)
     if not metrics or len(metrics) > limit:
         return {}
     ids = sorted(metrics)
-    return {"per_client": {str(c): float(metrics[c]) for c in ids},
-            "per_client_samples": {str(c): int(results[c]["num_samples"]) for c in ids}}
+    out = {"per_client": {str(c): float(metrics[c]) for c in ids},
+           "per_client_samples": {str(c): int(results[c]["num_samples"]) for c in ids}}
+    val = per_client_validation(results)
+    if val:  # split.val: each client's validation metric, what its own selected round is chosen on
+        out["per_client_val"] = {str(c): float(val[c]) for c in sorted(val)}
+    return out
 
 
 @dataclass

@@ -23,11 +23,13 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from ..api.globalmodel import GLOBAL_EVALUATE, personal_is_global
 from ..api.protocol import Message
+from ..api.training import VAL_PREFIX
 from .evaluation import History, summarize
 
 log = logging.getLogger("pflkit")
 
 AGGREGATES = ("uniform", "weighted", "std")
+VAL_AGGREGATES = ("uniform", "weighted")  # split.val: the validation means the selected rounds are chosen on
 REUSED = "global_reused"
 
 
@@ -76,6 +78,8 @@ class GlobalEvaluation:
             reused = False
         if reused:
             out = {f"{self.prefix}/{a}": personal[f"{m}/{a}"] for a in AGGREGATES if f"{m}/{a}" in personal}
+            out.update({f"{VAL_PREFIX}{self.prefix}/{a}": personal[f"{VAL_PREFIX}{m}/{a}"] for a in VAL_AGGREGATES
+                        if f"{VAL_PREFIX}{m}/{a}" in personal})
             out[REUSED] = 1
         else:
             start = time.perf_counter()
@@ -85,6 +89,8 @@ class GlobalEvaluation:
                 return {}
             scores = summarize(results, m)
             out = {f"{self.prefix}/{a}": scores[f"{m}/{a}"] for a in AGGREGATES}
+            out.update({f"{VAL_PREFIX}{self.prefix}/{a}": scores[f"{VAL_PREFIX}{m}/{a}"] for a in VAL_AGGREGATES
+                        if f"{VAL_PREFIX}{m}/{a}" in scores})  # split.val: the global model's validation means
             out[REUSED] = 0
             out["global_eval_seconds"] = time.perf_counter() - start
         self.history.add(rnd, {k: v for k, v in out.items() if k != "global_eval_seconds"})
@@ -120,7 +126,8 @@ class GlobalEvaluation:
         source = ("personal" if reused and all(reused) else "evaluated" if not any(reused) else "mixed")
         out = self.history.summary(k)
         return {"metric": self.metric, "source": source, "final": out["final"], "best": out["best"],
-                "best_weighted": out["best_weighted"], "evaluations": out["evaluations"]}
+                "best_weighted": out["best_weighted"], "evaluations": out["evaluations"],
+                **{key: out[key] for key in ("selected", "selected_weighted") if key in out}}
 
     def state_dict(self) -> Dict[str, Any]:
         return self.history.state_dict()

@@ -83,7 +83,9 @@ def _global_rows(section: Any, m: str, fmt) -> list:
     same = " (the personal model is the global one)" if section.get("source") == "personal" else ""
     return [(f"global {m}, final uniform / weighted", f"{fmt(fin.get('uniform'))} / {fmt(fin.get('weighted'))}{same}"),
             (f"global {m}, best uniform (round {best.get('round')})", fmt(best.get("uniform"))),
-            (f"global {m}, best weighted (round {best_w.get('round')})", fmt(best_w.get("weighted")))]
+            (f"global {m}, best weighted (round {best_w.get('round')})", fmt(best_w.get("weighted"))),
+            *([(f"global {m}, selected uniform (round {section['selected'].get('round')})",
+                fmt(section["selected"].get("uniform")))] if isinstance(section.get("selected"), dict) else [])]
 
 
 def report_result(result: Dict[str, Any], run_dir: Path) -> bool:

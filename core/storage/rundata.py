@@ -21,7 +21,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
@@ -261,10 +261,55 @@ def finished_run_problem(summary: Dict[str, Any], records: Sequence[Dict[str, An
         if not _same_number(stated[key], want):
             return (f"summary.json gives {key} {_shown_number(stated[key])}, {METRICS_NAME} gives "
                     f"{_shown_number(want)} (edited?)")
+    problem = _selected_problem(summary, evaluated, metric)
+    if problem is not None:
+        return problem
     glob = summary.get("global")
     if isinstance(glob, dict):  # the global model's numbers, from the records' global_<metric>/... values
         return _global_problem(glob, records, f"global_{metric}", int(final_k),
                                summary.get("higher_is_better", True) is not False)
+    return None
+
+
+def _selected_problem(summary: Dict[str, Any], evaluated: Sequence[Dict[str, Any]], metric: str,
+                      where: str = "", higher: Optional[bool] = None) -> Optional[str]:
+    """split.val: summary.json's selected numbers against the logged evaluations, as ``History`` chose them: the
+    first evaluation with the best validation mean (uniform, weighted), and per client the first with its best
+    validation metric (from the records' ``per_client`` / ``per_client_val``, when every evaluation holds them)."""
+    higher = summary.get("higher_is_better", True) is not False if higher is None else higher
+    better = (lambda a, b: a > b) if higher else (lambda a, b: a < b)  # noqa: E731
+    value = lambda rec, key: (float(rec[key]) if _is_number(rec.get(key)) and  # noqa: E731
+                              math.isfinite(float(rec[key])) else math.nan)
+    checks = []
+    for section, agg in (("selected", "uniform"), ("selected_weighted", "weighted")):
+        stated = summary.get(section)
+        if not isinstance(stated, dict):
+            continue
+        chosen = None
+        for rec in evaluated:
+            v = value(rec, f"val_{metric}/{agg}")
+            if math.isfinite(v) and (chosen is None or better(v, chosen[0])):
+                chosen = (v, rec)
+        want = (math.nan, None) if chosen is None else (value(chosen[1], f"{metric}/{agg}"), chosen[1]["round"])
+        checks += [(f"{where}{section}.{agg}", stated.get(agg), want[0]),
+                   (f"{where}{section}.round", stated.get("round"), want[1])]
+    per_client = summary.get("selected_per_client")
+    if isinstance(per_client, dict) and evaluated and all(isinstance(rec.get("per_client_val"), dict)
+                                                          and isinstance(rec.get("per_client"), dict)
+                                                          for rec in evaluated):
+        kept: Dict[str, Tuple[float, float]] = {}
+        for rec in evaluated:
+            for cid, v in rec["per_client_val"].items():
+                t = rec["per_client"].get(cid)
+                if _is_number(v) and _is_number(t) and math.isfinite(float(v)) and (
+                        cid not in kept or better(float(v), kept[cid][0])):
+                    kept[cid] = (float(v), float(t))
+        checks.append(("selected_per_client.uniform", per_client.get("uniform"),
+                       float(np.mean([t for _, t in kept.values()])) if kept else math.nan))
+    for key, stated, want in checks:
+        if not _same_number(stated, want):
+            return (f"summary.json gives {key} {_shown_number(stated)}, {METRICS_NAME} gives "
+                    f"{_shown_number(want)} (edited?)")
     return None
 
 
@@ -290,7 +335,7 @@ def _global_problem(glob: Dict[str, Any], records: Sequence[Dict[str, Any]], pre
         if not _same_number(stated, want):
             return (f"summary.json gives {key} {_shown_number(stated)}, {METRICS_NAME} gives "
                     f"{_shown_number(want)} (edited?)")
-    return None
+    return _selected_problem(glob, evaluated, prefix, "global.", higher)
 
 
 def _short_text(value: Any, limit: int = 40) -> str:
