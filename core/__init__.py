@@ -24,7 +24,7 @@ _EXPORTS: Dict[str, str] = {
     "ServerAggregator": ".api.server", "GlobalModelAggregator": ".api.server", "ServerContext": ".api.server",
     "SetupStep": ".api.server",
     "Param": ".api.params", "positive": ".api.params", "non_negative": ".api.params",
-    "unit_interval": ".api.params", "open_unit_interval": ".api.params",
+    "unit_interval": ".api.params", "open_unit_interval": ".api.params", "Space": ".api.space",
     "Task": ".api.task", "classification": ".api.task", "regression": ".api.task",
     "AdaptationSettings": ".api.adaptation",
     # messages between clients and server

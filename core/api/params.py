@@ -4,18 +4,22 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..common import strictjson
 from ..common.errors import ConfigError
 from ..common.threads import MAX_THREADS
+
+if TYPE_CHECKING:
+    from .space import Space
 
 
 @dataclass(frozen=True)
 class Param:
     """One configurable key.
 
-    ``type`` is inferred from ``default`` when omitted; ``check`` returns a reason string when a value is invalid.
+    ``type`` is inferred from ``default`` when omitted; ``check`` returns a reason string when a value is invalid;
+    ``space`` (a :class:`~pflkit.core.api.space.Space`) is the range ``fl tune`` searches, where one makes sense.
     """
 
     default: Any
@@ -24,6 +28,7 @@ class Param:
     check: Optional[Callable[[Any], Optional[str]]] = None
     type: Optional[type] = None
     nullable: bool = False
+    space: Optional["Space"] = None  # the search range fl tune draws this option from (core/api/space.py)
 
     def value_type(self) -> Optional[type]:
         """The Python type a value of this option must have (``type``, else the default's type; None: any)."""

@@ -81,7 +81,8 @@ def _param_lines(params: Dict[str, Param], prefix: str, overrides: Dict[str, Any
         default = overrides.get(key, p.default)
         note = f" (algorithm default; core default {p.default!r})" if key in overrides and overrides[key] != p.default else ""
         choices = f" [one of {', '.join(map(str, p.choices))}]" if p.choices else ""
-        lines.append(f"  {prefix}{key} = {default!r}{note}\n      {p.help}{choices}")
+        searched = f"\n      fl tune searches {p.space.describe()}" if p.space is not None else ""
+        lines.append(f"  {prefix}{key} = {default!r}{note}\n      {p.help}{choices}{searched}")
     return lines
 
 

@@ -42,6 +42,9 @@ def _register_commands() -> None:
     from .results import results_command
 
     cli.add_command(results_command)
+    from .tune import tune_command
+
+    cli.add_command(tune_command)
 
 
 _register_commands()

@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from easydict import EasyDict
 
 from ..common.errors import ConfigError, PflError, did_you_mean
+from ..api.space import Space
 from ..api.params import (Param, ParamSpec, non_negative, open_unit_interval, parse_value, plain_name, positive,
                           ratio_range, seed_range, thread_count)
 from ..common import strictjson
@@ -67,13 +68,15 @@ CORE_SCHEMA: Dict[str, Any] = {
     },
     "train": {
         "optimizer": Param("sgd", "client optimizer", choices=("sgd", "adam")),
-        "lr": Param(0.05, "client learning rate", check=positive),
+        "lr": Param(0.05, "client learning rate", check=positive,
+                    space=Space.real(0.001, 0.5, log=True)),
         "momentum": Param(0.0, "SGD momentum", check=non_negative),
         "weight_decay": Param(0.0, "L2 weight decay", check=non_negative),
         "max_grad_norm": Param(None, "clip each local step's gradient to this total 2-norm (None: no clipping)",
                                type=float, check=positive),
         "batch_size": Param(32, "client mini-batch size", check=positive),
-        "local_epochs": Param(1, "local epochs per round", check=positive),
+        "local_epochs": Param(1, "local epochs per round", check=positive,
+                              space=Space.integer(1, 5)),
         "eval_batch_size": Param(1024, "batch size for evaluation", check=positive),
         "drop_last": Param(False, "drop each epoch's last incomplete mini-batch (PyTorch's DataLoader drop_last; "
                                   "a client with fewer samples than batch_size still takes one step)"),
@@ -334,14 +337,39 @@ def resolve(layers: List[Mapping[str, Any]], algorithm: Optional[str] = None) ->
         name = values.get("name", common["name"].default)
         if not isinstance(name, str):
             raise ConfigError(f"{section}.name: expected a name, got {name!r}")
-        component = registry.get(name)
-        spec = dict(common)
-        spec.update(compose.section_params(section, component, comp) if comp is not None
-                    else component_params(component))
-        out[section] = _validate_section(section + ".", values, spec)
+        out[section] = _validate_section(section + ".", values,
+                                         _component_spec(section, common, registry.get(name), comp))
     _check_model_lists(out["model"])
     _check_cross_field(out)
     return EasyDict(out)
+
+
+def _component_spec(section: str, common: ParamSpec, component: Any, comp: Any) -> ParamSpec:
+    """A component section's keys: the common ones (``name``, ...) and those its component declares (through the
+    composition when one algorithm augments another)."""
+    spec = dict(common)
+    spec.update(compose.section_params(section, component, comp) if comp is not None
+                else component_params(component))
+    return spec
+
+
+def declared_params(cfg: Mapping[str, Any]) -> Dict[str, Param]:
+    """Every option of a resolved configuration by its dotted key (``train.lr``, ``trainer.mu``), with the ``Param``
+    that declares it: what ``fl tune`` reads search ranges from and checks ``--space`` against."""
+    out: Dict[str, Param] = {}
+
+    def walk(prefix: str, spec: Mapping[str, Any]) -> None:
+        for key, rule in spec.items():
+            if isinstance(rule, Mapping):
+                walk(f"{prefix}{key}.", rule)
+            else:
+                out[f"{prefix}{key}"] = rule
+
+    walk("", CORE_SCHEMA)
+    comp = _composition(cfg)
+    for section, (registry, common) in COMPONENT_SECTIONS.items():
+        walk(section + ".", _component_spec(section, common, registry.get(cfg[section]["name"]), comp))
+    return out
 
 
 def _with_dataset_defaults(algo_defaults: Dict[str, Any], user: Mapping[str, Any]) -> Dict[str, Any]:
