@@ -184,3 +184,30 @@ def test_a_killed_tuner_loses_only_the_trial_in_flight(tmp_path):
     assert rows[1]["run_dir"] == rows[0]["run_dir"] and rows[1]["trainer.mu"] == rows[0]["trainer.mu"]
     info = (Path(rows[1]["run_dir"]) / "run_info.json").read_text()
     assert '"resume"' in info or '"restart"' in info  # the interrupted run went on from its checkpoint
+
+
+def test_compare_tune_compares_every_row_at_its_given_and_its_tuned_options(tmp_path):
+    import json
+
+    from pflkit.core.results.compare import run_comparison
+    from pflkit.core.testing import TINY as TINY_LAYER
+
+    layer = {**TINY_LAYER, "rounds": 3}
+    results = run_comparison(["fedavg", "local"], [0], [layer], tmp_path, tune_trials=2)
+    assert results["algorithms"] == ["fedavg", "fedavg tuned", "local", "local tuned"]
+    record = json.loads((tmp_path / "tuned.json").read_text())
+    for label in ("fedavg", "local"):
+        best = record["rows"][label]["best"]
+        cfg = json.loads((tmp_path / "runs" / f"{label}_tuned-seed0" / "config.json").read_text())
+        assert cfg["train"]["lr"] == best["train.lr"] and cfg["split"]["val"] == 0.15
+        assert _rows(tmp_path / "tune" / label)[0]["state"] in ("complete", "pruned", "fail")
+    tau = results["tuning"]["kendall_tau"]
+    assert tau["rows"] == ["fedavg", "local"] and -1 <= tau["tau"] <= 1
+    assert "Kendall's tau" in (tmp_path / "results.md").read_text()
+    lines = []
+    run_comparison(["fedavg", "local"], [0], [layer], tmp_path, tune_trials=2, echo=lines.append)
+    assert sum("reused" in line for line in lines) == 4 and "2 of 2 trials done" in "\n".join(lines)
+    assert len(_rows(tmp_path / "tune" / "fedavg")) == 2
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(["compare", "--plugins", "fedavg", "--out", str(tmp_path / "empty" / "x"), "--tune", "0"],
+                          "--tune 0", tmp_path / "empty")

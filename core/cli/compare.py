@@ -157,12 +157,16 @@ def echo_submission(results: dict, outputs: str) -> None:
 @click.option("--progress/--no-progress", default=True,
               help="Draw a progress bar per run (only with --jobs 1 and when standard output is a terminal; "
                    "otherwise one line per run as it ends).")
+@click.option("--tune", "tune_trials", type=int, default=None, metavar="N",
+              help="First tune every row with N trials of fl tune on a validation split (OUT/tune/ROW), then compare "
+                   "each row at its given and at its tuned options, with Kendall's tau between the orders "
+                   "(docs/tuning.md).")
 @friendly_errors
 def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: Tuple[str, ...], out_dir: str,
                     jobs: int, runs_per_device: Optional[int], launcher: Optional[str], slurm_partition: Optional[str],
                     slurm_time: int, slurm_gpus: int, slurm_cpus: int, slurm_mem_gb: Optional[float],
                     slurm_account: Optional[str], slurm_array_parallelism: int, slurm_options: Tuple[str, ...],
-                    progress: bool) -> None:
+                    progress: bool, tune_trials: Optional[int]) -> None:
     """Compare algorithms on the same data, partition and seeds: a results table and accuracy curves.
 
     Finished runs of an identical configuration already in OUT/runs are reused and interrupted ones resumed, so
@@ -190,7 +194,7 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
                                  slurm_account, slurm_array_parallelism, slurm_options)
     results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress and _is_terminal(),
                              algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line),
-                             runs_per_device=runs_per_device, launcher=settings)
+                             runs_per_device=runs_per_device, launcher=settings, tune_trials=tune_trials)
     if settings is not None and (results["submitted"] or results["waiting"]):
         echo_submission(results, f"{Path(out_dir) / 'jobs'}/")
         return

@@ -326,7 +326,7 @@ def _plan(specs: Sequence[str], seeds: Sequence[int], layers: Sequence[Mapping[s
           algorithm_layers: Mapping[str, Sequence[Mapping[str, Any]]]):
     if not specs:
         raise ConfigError("compare: name at least one algorithm (--plugins fedavg,fedprox)")
-    entries = [parse_entry(s) for s in specs]
+    entries = [s if isinstance(s, Entry) else parse_entry(s) for s in specs]  # a tuned row comes as an Entry
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"compare: an algorithm is listed twice in {', '.join(labels)}")
@@ -504,7 +504,8 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
                    out_dir: Path, progress: bool = False,
                    algorithm_layers: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
                    jobs: int = 1, echo: Optional[Callable[[str], None]] = None,
-                   runs_per_device: Optional[int] = None, launcher: Optional[Any] = None) -> Dict[str, Any]:
+                   runs_per_device: Optional[int] = None, launcher: Optional[Any] = None,
+                   tune_trials: Optional[int] = None) -> Dict[str, Any]:
     """Run every algorithm (or variant) with every seed on the same configuration layers; write results and plots.
 
     ``algorithms`` are names or variant specs ``NAME+key=value[+key=value...]`` (each its own labelled row).
@@ -519,11 +520,22 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
     ends. A run that fails (e.g. every selected client failed in a round) is recorded with its one-line reason and
     the others go on. Only finished runs enter the statistics; failed, interrupted and never-started runs are
     listed under ``not_in_table`` (and in the table's notes) with their round counts. Returns the content of
-    ``results.json`` plus the written file paths under ``files``.
+    ``results.json`` plus the written file paths under ``files``. ``tune_trials`` N: every row is first tuned with N
+    trials on a validation split and compared also at its best options (core/results/tuned.py).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"compare: jobs must be a positive integer, got {jobs!r}")
     out_dir = Path(out_dir)
+    tuning = None
+    if tune_trials is not None:
+        from .tuned import tune_rows, with_validation
+
+        _plan(list(algorithms), [int(s) for s in seeds], list(layers), dict(algorithm_layers or {}))  # typos first
+        layers, note = with_validation(layers, parse_entry(list(algorithms)[0]).algorithm)
+        if note:
+            (echo or log.warning)(note)
+        algorithms, tuning = tune_rows(list(algorithms), layers, dict(algorithm_layers or {}), tune_trials, out_dir,
+                                       jobs, echo or (lambda line: log.info("compare: %s", line)))
     entries, plan = _plan(list(algorithms), [int(s) for s in seeds], list(layers), dict(algorithm_layers or {}))
     if runs_per_device is not None:  # refused before anything runs when it cannot apply
         plan_placement([cfg.device for cfg in plan.values()], max(2, jobs), runs_per_device)
@@ -655,6 +667,10 @@ def run_comparison(algorithms: Sequence[str], seeds: Sequence[int], layers: Sequ
     }
     if launcher is not None:
         results.update({"launcher": launcher.name, "submitted": submitted, "waiting": waiting})
+    if tuning is not None:
+        from .tuned import kendall_tau
+
+        results["tuning"] = {**tuning, "kendall_tau": kendall_tau(results, tuning)}
     files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
              "plot": out_dir / "curves.png"}
     files["json"].write_text(json.dumps(results, indent=2))
@@ -760,6 +776,10 @@ def results_markdown(results: Mapping[str, Any]) -> str:
                       f"{'; '.join(glob)} (none: no global model)."]
     for note in results.get("notes", []):
         lines += ["", f"Note: {note}."]
+    if results.get("tuning"):
+        from .tuned import tuning_markdown
+
+        lines.append(tuning_markdown(results["tuning"], results["tuning"].get("kendall_tau")))
     missing = results.get("not_in_table") or []
     if missing:
         lines += ["", f"Not in the table ({len(missing)} run(s); rows cover finished runs only):", ""]
