@@ -211,3 +211,27 @@ def test_compare_tune_compares_every_row_at_its_given_and_its_tuned_options(tmp_
     (tmp_path / "empty").mkdir()
     assert_one_line_error(["compare", "--plugins", "fedavg", "--out", str(tmp_path / "empty" / "x"), "--tune", "0"],
                           "--tune 0", tmp_path / "empty")
+
+
+def test_reproduce_tune_reports_the_tuned_rows_beside_the_paper(tmp_path):
+    import json
+
+    from test_reproduce import TINY_TABLE
+
+    (tmp_path / "tiny.toml").write_text(TINY_TABLE)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["reproduce", "--table-file", str(tmp_path / "tiny.toml"), "--scale", "quick",
+                                   "--cols", "mean,pooled", "--seeds", "0", "--tune", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "pflkit tuned (selected round)" in res.output and "Kendall's tau between pflkit's orders" in res.output
+    rows = {(r["row"], r["column"]): r for r in csv.DictReader((out / "results.csv").open())}
+    comparison = json.loads((out / "mean-tune" / "results.json").read_text())["results"]
+    for row in ("fedavg", "fedprox"):
+        label = "fedavg" if row == "fedavg" else "fedprox+trainer.mu=0.1"
+        tuned = comparison[f"{label} tuned"]
+        assert float(rows[row, "mean"]["tuned_mean"]) == pytest.approx(100 * tuned["selected_uniform"]["mean"],
+                                                                       abs=0.006)
+        summary = json.loads(Path(tuned["runs"][0]["run_dir"], "summary.json").read_text())
+        assert float(rows[row, "pooled"]["tuned_mean"]) == pytest.approx(
+            100 * summary["selected_weighted"]["weighted"], abs=0.006)  # a weighted column reads selected_weighted
+    assert rows["fedavg", "mean"]["tuned_vs_untuned_kendall_tau"] in ("1.00", "-1.00")

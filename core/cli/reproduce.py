@@ -58,13 +58,17 @@ def _tables(table_file: Optional[str]) -> Tuple[List, Dict[str, str]]:
               help=f"Override a config key in every cell (rounds=50, device=cuda). Repeatable. Keys that say where or "
                    f"how a cell runs ({', '.join(NEUTRAL_SET_KEYS)}) keep the paper's setting; any other is labelled "
                    f"in every output file and section: not the paper's setting.")
+@click.option("--tune", "tune_trials", type=int, default=None, metavar="N",
+              help="First tune every row of each column with N trials of fl tune on a validation split, then report "
+                   "pflkit tuned (the test metric at the validation-selected round) beside the paper and pflkit at "
+                   "the paper's options; runs in OUT/<column>-tune (docs/tuning.md).")
 @friendly_errors
 def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table_file: Optional[str],
                       rows: Optional[str], cols: Optional[str], seeds: str, scale: str, out_dir: Optional[str],
                       jobs: int, runs_per_device: Optional[int], launcher: Optional[str],
                       slurm_partition: Optional[str], slurm_time: int, slurm_gpus: int, slurm_cpus: int,
                       slurm_mem_gb: Optional[float], slurm_account: Optional[str], slurm_array_parallelism: int,
-                      slurm_options: Tuple[str, ...], sets: tuple) -> None:
+                      slurm_options: Tuple[str, ...], sets: tuple, tune_trials: Optional[int]) -> None:
     """Run TABLE (fl reproduce --list) and write the paper's numbers beside pflkit's.
 
     Every cell runs through fl compare (one comparison per column, finished runs reused). results.md and results.csv
@@ -118,7 +122,8 @@ def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table
     try:
         report = reproduce(chosen, out, rows=_names(rows, "rows") if rows else None,
                            cols=_names(cols, "cols") if cols else None, seeds=_seeds(seeds), scale=scale, jobs=jobs,
-                           echo=click.echo, sets=list(sets), runs_per_device=runs_per_device, launcher=settings)
+                           echo=click.echo, sets=list(sets), runs_per_device=runs_per_device, launcher=settings,
+                           tune_trials=tune_trials)
     except KeyboardInterrupt:  # between two runs, or a column's runs stopped: as fl compare, 130 and how to go on
         click.echo(f"interrupted; rerun the same command to continue (finished runs are reused, interrupted ones "
                    f"resume from their checkpoints): {out}", err=True)

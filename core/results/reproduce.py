@@ -23,6 +23,7 @@ from ..engine.config import deep_merge, parse_sets, resolve
 from ..storage.rundata import read_records, read_summary
 from .compare import parse_entry, run_comparison
 from .tables import Column, Row, Table
+from .tuned import TUNED_SUFFIX
 
 from .labels import NEUTRAL_SET_KEYS, QUICK_LABEL  # noqa: F401  (re-exported: tests and docs read them here)
 
@@ -211,8 +212,12 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
 def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
               cols: Optional[Sequence[str]] = None, seeds: Sequence[int] = (0,), scale: str = "paper",
               jobs: int = 1, echo: Callable[[str], None] = print, sets: Sequence[str] = (),
-              runs_per_device: Optional[int] = None, launcher: Optional[Any] = None) -> Dict[str, Any]:
+              runs_per_device: Optional[int] = None, launcher: Optional[Any] = None,
+              tune_trials: Optional[int] = None) -> Dict[str, Any]:
     """Run the selected cells (every seed) and write ``results.md`` and ``results.csv`` into ``out_dir``.
+    With ``tune_trials`` N every row of a column is first tuned with N trials on a validation split, and each cell
+    also reports pflkit tuned: the test metric at the validation-selected round of the runs at the best options
+    (core/results/tuned.py); those runs go to ``<column>-tune/``.
     With ``launcher`` (``launchers.LauncherSettings``) each column's runs still to do are submitted as jobs; the
     report then holds the finished cells and ``submitted`` / ``waiting`` (core/results/launchers.py).
 
@@ -242,6 +247,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
     for column in table.columns:  # every folder this command writes lies inside --out (ids are plain names)
         inside_out(out_dir, out_dir / column.id)
     results: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    tuned_results: Dict[Tuple[str, str], Dict[str, Any]] = {}
     incomplete = 0
     submitted: List[str] = []
     waiting: List[str] = []
@@ -260,11 +266,12 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
             echo(f"{tag}{table.name} column {column.id} ({column.label}): the runs of column "
                  f"{comparison['column']}, scored by {_scored_by(column.metric, column)}")
         else:
-            folder = out_dir / home[key]
+            folder = out_dir / (home[key] + ("-tune" if tune_trials is not None else ""))
             echo(f"{tag}{table.name} column {column.id} ({column.label}): {len(chosen_rows)} rows x {len(seeds)} "
                  f"seeds in {folder}")
             comparison = run_comparison(specs, list(seeds), [layer], folder, jobs=jobs,
-                                        echo=echo, runs_per_device=runs_per_device, launcher=launcher)
+                                        echo=echo, runs_per_device=runs_per_device, launcher=launcher,
+                                        tune_trials=tune_trials)
             submitted += comparison.get("submitted", [])
             waiting += [f"{home[key]}/{name}" for name in comparison.get("waiting", [])]
             if comparison.get("interrupted"):  # Ctrl-C stopped this column's runs: start no other column
@@ -274,8 +281,12 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
             incomplete += len(comparison["not_in_table"])
         by_label = {parse_entry(s).label: r for s, r in zip(specs, chosen_rows)}
         for label, entry in comparison["results"].items():
-            row = by_label[label]
+            tuned = label.endswith(TUNED_SUFFIX) and label[:-len(TUNED_SUFFIX)] in by_label
+            row = by_label[label[:-len(TUNED_SUFFIX)] if tuned else label]
             metric = table.metric_of(row.id, column)
+            if tuned:  # the tuned runs are read at the round chosen on validation, never the best on test
+                metric = {**metric, "pflkit": "selected_weighted" if "weighted" in metric["pflkit"] else
+                          "selected_uniform"}
             runs = [{**run, "metric": comparison["metric"]} for run in entry["runs"]]
             values = [v for v in (_run_value(run, metric["pflkit"], column.clients) for run in runs) if v is not None]
             scale_factor = 100.0 if metric["percent"] else 1.0
@@ -285,9 +296,11 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
                 mean = scale_factor * raw
                 std = scale_factor * math.sqrt(sum((v - raw) ** 2 for v in values) / len(values))
             note = "" if values or not runs else _no_value_reason(runs[0], metric["pflkit"])
-            results[row.id, column.id] = {"mean": mean, "std": std, "runs": len(values), "note": note}
+            (tuned_results if tuned else results)[row.id, column.id] = {"mean": mean, "std": std,
+                                                                        "runs": len(values), "note": note}
     run_dirs = [Path(r["run_dir"]) for c in done.values() for e in c["results"].values() for r in e["runs"]]
-    report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick, scale_text, run_dirs)
+    report = _report(table, chosen_rows, chosen_cols, results, list(seeds), quick, scale_text, run_dirs,
+                     tuned_results if tune_trials is not None else None)
     out_dir.mkdir(parents=True, exist_ok=True)
     inside_out(out_dir, out_dir / "results.md").write_text(report["markdown"])
     inside_out(out_dir, out_dir / "results.csv").write_text(report["csv"])
@@ -343,7 +356,8 @@ def _fmt(value: Optional[float], digits: int = 2) -> str:
 
 
 def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, label: str,
-            runs: Sequence[Path] = ()) -> Dict[str, Any]:
+            runs: Sequence[Path] = (), tuned: Optional[Mapping[Tuple[str, str], Dict[str, Any]]] = None
+            ) -> Dict[str, Any]:
     tag = f"[{label}] " if label else ""
     scale = label or "paper"
     csv_rows = []
@@ -365,6 +379,12 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
                              "runs": ours["runs"], "pflkit_note": ours.get("note", ""), "difference": _fmt(diff),
                              "within_paper_spread": within, "column_kendall_tau": agreement["tau"],
                              "column_same_winner": agreement["same"]})
+            if tuned is not None:  # --tune: the runs at the row's tuned options, read at the selected round
+                mine = tuned.get((row.id, column.id), {"mean": None, "std": None, "runs": 0, "note": ""})
+                tuned_agreement = _agreement(table, rows, column, tuned)
+                csv_rows[-1].update({"tuned_mean": _fmt(mine["mean"]), "tuned_std": _fmt(mine["std"]),
+                                     "tuned_runs": mine["runs"], "tuned_kendall_tau": tuned_agreement["tau"],
+                                     "tuned_vs_untuned_kendall_tau": _orders_tau(rows, column, results, tuned)})
     from .published import provenance_of_runs, results_csv
 
     notes = (f"{label}: not comparable with the paper's numbers; " if label else "") + \
@@ -386,7 +406,9 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
            f"{', '.join(map(str, seeds))}; pflkit's std is the population std over seeds.", ""]
     for column in cols:
         md += [f"## {tag}{column.label} ({column.id}; pflkit metric {_scored_by(column.metric, column)})", "",
-               "| method | paper | pflkit | difference | within paper's spread |", "|---|---|---|---|---|"]
+               "| method | paper | pflkit | difference | within paper's spread |" + (
+                   " pflkit tuned (selected round) |" if tuned is not None else ""),
+               "|---|---|---|---|---|" + ("---|" if tuned is not None else "")]
         for r in csv_rows:
             if r["column"] != column.id:
                 continue
@@ -395,9 +417,14 @@ def _report(table: Table, rows, cols, results, seeds: List[int], quick: bool, la
                 or f"({r['paper_note']})"
             ours = f"{r['pflkit_mean']} ± {r['pflkit_std']}" if r["pflkit_mean"] else \
                 f"n/a ({r['pflkit_note']})" if r["pflkit_note"] else "n/a"
+            mine = "" if tuned is None else (f" {r['tuned_mean']} ± {r['tuned_std']} |" if r["tuned_mean"] else " n/a |")
             md.append(f"| {row_label} | {paper} | {ours} | {r['difference'] or 'n/a'} | "
-                      f"{r['within_paper_spread']} |")
+                      f"{r['within_paper_spread']} |{mine}")
         md += ["", f"{_ranking(table, rows, column, results)}", ""]
+        if tuned is not None:
+            cell = next((r for r in csv_rows if r["column"] == column.id), {})
+            md += [f"Tuned: {_ranking(table, rows, column, tuned)} Kendall's tau between pflkit's orders at the "
+                   f"paper's options and tuned: {cell.get('tuned_vs_untuned_kendall_tau') or 'n/a'}.", ""]
     if table.chosen:
         md += [f"## {tag}Where the paper leaves a setting open, pflkit chose", ""]
         md += [f"- {c['setting']} = {c['value']}: {c['why']}" for c in table.chosen]
@@ -430,6 +457,14 @@ def _agreement(table: Table, rows, column: Column, results) -> Dict[str, Any]:
     order_o = [r.label for _, r in sorted(zip(ours, both), key=lambda t: -t[0])]
     return {"tau": _fmt(kendall_tau(paper, ours)), "same": "yes" if order_p[0] == order_o[0] else "no",
             "paper": order_p, "ours": order_o}
+
+
+def _orders_tau(rows, column: Column, results, tuned) -> str:
+    """Kendall's tau between pflkit's order of a column's rows at the paper's options and at the tuned ones."""
+    both = [r for r in rows if (results.get((r.id, column.id)) or {}).get("mean") is not None
+            and (tuned.get((r.id, column.id)) or {}).get("mean") is not None]
+    return _fmt(kendall_tau([results[r.id, column.id]["mean"] for r in both],
+                            [tuned[r.id, column.id]["mean"] for r in both]))
 
 
 def _ranking(table: Table, rows, column: Column, results) -> str:
