@@ -64,8 +64,10 @@ def test_declared_ranges_are_checked_against_their_options():
     assert list(spaces) == ["train.lr", "trainer.mu"]
     with pytest.raises(ConfigError, match="unknown option"):
         search_spaces(cfg, {"trainer.muu": "float:0..1"})
-    with pytest.raises(ConfigError, match="nothing to tune"):
-        search_spaces(cfg, {"train.lr": "off", "train.local_epochs": "off"})
+    with pytest.raises(ConfigError, match="nothing to tune"):  # FedAvg declares no range of its own
+        search_spaces(resolve([], algorithm="fedavg"), {"train.lr": "off", "train.local_epochs": "off"})
+    assert list(search_spaces(cfg, {})) == ["train.local_epochs", "train.lr", "trainer.mu"]
+    assert cfg and params["trainer.mu"].space.choices == (0.001, 0.01, 0.1, 1.0)  # the paper's grid
 
 
 def test_fl_show_prints_the_ranges():
@@ -235,3 +237,15 @@ def test_reproduce_tune_reports_the_tuned_rows_beside_the_paper(tmp_path):
         assert float(rows[row, "pooled"]["tuned_mean"]) == pytest.approx(
             100 * summary["selected_weighted"]["weighted"], abs=0.006)  # a weighted column reads selected_weighted
     assert rows["fedavg", "mean"]["tuned_vs_untuned_kendall_tau"] in ("1.00", "-1.00")
+
+
+def test_every_installed_algorithms_ranges_are_values_its_options_accept():
+    from pflkit.core.api import registry as reg
+
+    for name in reg.ALGORITHMS.names():
+        cfg = resolve([], algorithm=name)
+        params = declared_params(cfg)
+        for key, space in search_spaces(cfg, {}).items():
+            assert space_problem(key, space, params[key]) is None, (name, key, space)
+            for value in space.values_to_check():  # the whole configuration takes each end of the range
+                resolve([{key.split(".")[0]: {key.split(".", 1)[1]: value}}], algorithm=name)

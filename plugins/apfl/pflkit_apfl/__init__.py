@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.func import functional_call
 
-from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, Param, clip_gradients, host_copy,
-                         load_into, make_optimizer, positive, trained_names, unit_interval)
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, Param, Space, clip_gradients,
+                         host_copy, load_into, make_optimizer, positive, trained_names, unit_interval)
 
 from .equations import alpha_grad, alpha_step, mix
 
@@ -35,7 +35,8 @@ class APFLTrainer(LocalSGDTrainer):
         **LocalSGDTrainer.params,
         "alpha": Param(0.5, "initial mixing weight alpha of the local model (default 0.5: the middle of the "
                             "paper's {0.25, 0.5, 0.75}, FL-bench's; PFLlib's 1.0 is the purely local model); "
-                            "0 with adaptive=false = FedAvg's global model", check=unit_interval),
+                            "0 with adaptive=false = FedAvg's global model", check=unit_interval,
+                       space=Space.choice([0.25, 0.5, 0.75], source="the paper's alpha values {0.25, 0.5, 0.75}")),
         "adaptive": Param(True, "learn alpha by projected gradient descent (the paper's adaptive APFL; default); "
                                 "false keeps it fixed"),
         "alpha_lr": Param(None, "step size eta_alpha of the alpha update (default: train.lr, the step size of "

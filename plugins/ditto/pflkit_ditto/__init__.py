@@ -22,7 +22,7 @@ from typing import Any, Dict
 
 import torch
 
-from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, Param, host_copy, load_into,
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, Param, Space, host_copy, load_into,
                          make_optimizer, non_negative, positive, proximal_term, run_sgd, trained_names)
 
 __all__ = ["DittoTrainer", "ALGORITHM"]
@@ -38,7 +38,10 @@ class DittoTrainer(LocalSGDTrainer):
         "lam": Param(0.1, "lambda of Eq. 2: pull of the personal model toward the global one (default 0.1: from "
                           "the authors' candidate set {0.1, 1, 2}; their clean-data run scripts use 1, but on the "
                           "embedded digits 0.1 is better, final uniform accuracy 0.852/0.884 vs 0.805/0.842 over "
-                          "seeds 0/1); 0 = local training of v", check=non_negative),
+                          "seeds 0/1); 0 = local training of v", check=non_negative,
+                     space=Space.choice([0.1, 1.0, 2.0],
+                                        source="the authors' candidate set {0.1, 1, 2} (their code's per-device "
+                                               "lambda selection); the paper's own grid not checked offline")),
         "personal_epochs": Param(None, "local epochs of the personal model per round (default: "
                                        "train.local_epochs, the same work as the global update, as in the "
                                        "authors' code)", type=int, check=positive),

@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from pflkit.core import (Algorithm, ClientTrainer, ConfigError, GlobalModelAggregator, LocalSGDTrainer, Param,
-                         ServerAggregator, derive_seed, host_copy, load_into, non_negative, positive, state_declared)
+                         ServerAggregator, Space, derive_seed, host_copy, load_into, non_negative, positive,
+                         state_declared)
 
 from .equations import ala_init, ala_step, converged, layer_groups, top_layer_keys
 
@@ -31,13 +32,21 @@ BASE_PROTOCOL = "global-model"
 
 TRAINER_PARAMS = {
     "ala_eta": Param(1.0, "eta: step size of the ALA weights W (default 1.0: the paper, PFLlib and FL-bench); "
-                          "0 keeps W at 1, i.e. the base algorithm exactly", check=non_negative),
+                          "0 keeps W at 1, i.e. the base algorithm exactly", check=non_negative,
+                     space=Space.real(0.1, 10.0, log=True,
+                                      source="around the paper's 1.0; its study values not checked offline")),
     "ala_percent": Param(80.0, "s: percent of the client's training samples ALA learns W on, drawn at random each "
                                "round (default 80: the paper, PFLlib, FedSA)",
-                         check=lambda v: None if 0 < v <= 100 else "must be in (0, 100]"),
+                         check=lambda v: None if 0 < v <= 100 else "must be in (0, 100]",
+                         space=Space.real(5.0, 100.0,
+                                          source="around the paper's 80, up to all the data; its study values not "
+                                                 "checked offline")),
     "ala_layers": Param(1, "p: how many top layers ALA mixes (a layer = one module's parameters, e.g. a Linear's "
                            "weight and bias; default 1: the paper; PFLlib's -p counts tensors, so its -p 2 is this "
-                           "1)", check=positive),
+                           "1)", check=positive,
+                       space=Space.integer(1, 3, source="around the paper's 1; at most 3 so that the default 4-layer "
+                                                        "cnn4 keeps a lower layer; its study values not checked "
+                                                        "offline")),
     "ala_threshold": Param(0.1, "start phase: W is trained until the std of the last ala_window epoch losses is "
                                 "below this (default 0.1: the authors' ALA class and PFLlib)", check=positive),
     "ala_window": Param(10, "start phase: how many recent epoch losses the convergence test looks at (default 10: "

@@ -30,8 +30,8 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
-from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, load_into,
-                         non_negative, proximal_term)
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, Space,
+                         load_into, non_negative, proximal_term)
 
 from .equations import (add_to_cloud, cloud_model, cosine_attention, cosine_from, dot, exp_attention,
                         prox_coefficient, self_weight, squared_distance, start_cloud)
@@ -113,13 +113,20 @@ class FedAMPAggregator(ServerAggregator):
                          type=float, check=non_negative),
         "lam": Param(1.0, "lambda: weight of the attention term; the client's proximal weight is lambda / (2 "
                           "alpha_k) (default 1: PFLlib's default and its 2021 scripts); 0 = no pull toward u_i",
-                     type=float, check=non_negative),
+                     type=float, check=non_negative,
+                     space=Space.real(0.1, 10.0, log=True,
+                                      source="around PFLlib's 1; the paper's grid not available offline")),
         "sigma": Param(1.0, "sigma: scale of the attention (exp: distance scale, > 0; cosine: softmax "
                             "temperature inverse, 0 = uniform over the peers) (default 1: PFLlib's default)",
-                       type=float, check=non_negative),
+                       type=float, check=non_negative,
+                       space=Space.real(0.01, 10.0, log=True,
+                                        source="spans PFLlib's 1, 0.1 and 0.01; the paper's grid not available "
+                                               "offline")),
         "self_weight": Param(0.1, "xi_ii of cosine attention: the weight of the client's own model in u_i "
                                   "(default 0.1: PFLlib's 2021 HeurFedAMP script); unused by exp attention",
-                             type=float, check=_unit_interval),
+                             type=float, check=_unit_interval,
+                             space=Space.real(0.05, 0.9, source="around PFLlib's 0.1; the paper's grid not "
+                                                                "available offline")),
         "peers": Param("latest", "whose models enter u_i: latest = every client's latest upload, stale ones "
                                  "included (the paper leaves partial participation open), round = this round's "
                                  "selected clients only", choices=("latest", "round")),

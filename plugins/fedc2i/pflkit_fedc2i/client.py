@@ -21,7 +21,8 @@ from torch import nn
 from torch.func import functional_call
 
 from pflkit.core import (BatchedForm, BatchedPhase, ClientContext, ClientTrainer, ConfigError, Param, PflError,
-                         host_copy, load_into, make_optimizer, non_negative, positive, run_sgd, trained_names)
+                         Space, host_copy, load_into, make_optimizer, non_negative, positive, run_sgd,
+                         trained_names)
 
 from .equations import (EQ10_READINGS, class_level_losses, classifier_rows, influence_weights,
                         leave_one_out_mean, weighted_state, weighted_sum)
@@ -59,7 +60,10 @@ class FedC2ITrainer(ClientTrainer):
     description = "aggregates its own model from all uploads with leave-one-out influence (Eq. 4-10), then trains"
     params = {
         "gamma": Param(5.0, "influence sensitivity gamma of Eq. 5 and 9 (paper default 5, grid 0.5..10); "
-                            "0 = uniform averaging", check=non_negative),
+                            "0 = uniform averaging", check=non_negative,
+                       space=Space.choice([0.5, 1.0, 2.0, 5.0, 10.0],
+                                          source="the paper's grid: Implementation Details, Table 4, appendix "
+                                                 "search space")),
         "client_level": Param("influence", "how theta_bar is built (Table 3): influence = Eq. 4-6 (the method); "
                                            "mean = plain mean of theta over the clients (FedC2I-Lambda/g); "
                                            "local = own theta (FedC2I-Lambda/l)", choices=CLIENT_LEVELS),

@@ -7,8 +7,8 @@ from typing import Any, Dict, List
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import (BatchedForm, BatchedPhase, BitMask, LocalSGDTrainer, Param, PflError, bn_keys, load_into,
-                         trained_names, unit_interval)
+from pflkit.core import (BatchedForm, BatchedPhase, BitMask, LocalSGDTrainer, Param, PflError, Space, bn_keys,
+                         load_into, trained_names, unit_interval)
 
 from .equations import SELECTIONS, critical_masks, sensitivity
 
@@ -31,7 +31,9 @@ class FedCACTrainer(LocalSGDTrainer):
     description = "local SGD; uploads model + critical-parameter bit mask (Eq. 5-6); loads its Eq. 11 model"
     params = {
         "tau": Param(0.5, "fraction of each parameter tensor marked critical (Eq. 6); paper default 0.5",
-                     check=unit_interval),
+                     check=unit_interval,
+                     space=Space.real(0.1, 0.9, source="around the paper's 0.5 (Sec. 4.5, Fig. 5: best near 0.5); "
+                                                       "the paper gives no grid")),
         "selection": Param("sensitivity", "how critical parameters are chosen (Figure 3): sensitivity = top-tau of "
                            "Eq. 5 (the method), random, reverse = least sensitive", choices=SELECTIONS),
     }

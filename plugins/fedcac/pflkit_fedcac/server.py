@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from pflkit.core import (BitMask, Message, Param, PflError, ServerAggregator, ServerContext, log_matrix_figure,
-                         non_negative, positive)
+from pflkit.core import (BitMask, Message, Param, PflError, ServerAggregator, ServerContext, Space,
+                         log_matrix_figure, non_negative, positive)
 
 from .client import PROTOCOL
 from .equations import (OVERLAPS, customized_models, global_model, masked_init, overlap_matrix, threshold,
@@ -37,7 +37,10 @@ class FedCACAggregator(ServerAggregator):
     description = "overlap of critical masks -> time-varying collaborators -> per-client Eq. 11 models"
     params = {
         "beta": Param(100.0, "Eq. 7 schedule length: collaboration on critical parameters ends after round beta "
-                      "(paper: 100 on CIFAR-10, 170 on CIFAR-100/Tiny, with 500 rounds)", check=positive),
+                      "(paper: 100 on CIFAR-10, 170 on CIFAR-100/Tiny, with 500 rounds)", check=positive,
+                      space=Space.integer(5, 250, log=True,
+                                          source="covers the digits default 10 and the paper's 100 and 170 (Sec. "
+                                                 "4.5, Fig. 6); the paper gives no grid")),
         "overlap": Param("similarity", "overlap of critical masks: similarity = 1 - |Mi-Mj|_1/(2|Mi|) (authors' "
                          "code, default); distance = the paper's printed |Mi-Mj|_1/(2n), used as 1 - distance",
                          choices=OVERLAPS),

@@ -6,8 +6,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from pflkit.core import (BN_PARAM, BatchedForm, BatchedPhase, ClientContext, ClientTrainer, ConfigError, Param, State,
-                         derive_seed, host_copy, load_into, make_optimizer, non_negative, positive, run_sgd,
+from pflkit.core import (BN_PARAM, BatchedForm, BatchedPhase, ClientContext, ClientTrainer, ConfigError, Param, Space,
+                         State, derive_seed, host_copy, load_into, make_optimizer, non_negative, positive, run_sgd,
                          trained_names)
 
 from .modules import (ACTIVATIONS, CPN_PREFIX, NORMS, POLICIES, build_cpn, check_options, client_vector,
@@ -41,7 +41,9 @@ class FedCPTrainer(ClientTrainer):
     description = "conditional policy splits each feature between a frozen global head and a personal head"
     params = {
         "lambda_mmd": Param(5.0, "weight lambda of the MMD feature-alignment loss (Eq. 8); paper: 5 for the "
-                                 "4-layer CNN, 1 for ResNet-18 / fastText", check=non_negative),
+                                 "4-layer CNN, 1 for ResNet-18 / fastText", check=non_negative,
+                           space=Space.choice([0.0, 0.1, 1.0, 5.0, 10.0],
+                                              source="the paper's grid, Appendix D")),
         "mmd_bandwidths": Param([10.0, 15.0, 20.0, 50.0], "RBF kernel bandwidths s of k = sum_s exp(-d/(2s)) "
                                 "(Eq. 7; values of the authors' code)", type=list, check=_bandwidths),
         "policy": Param("softmax", "policy from the CPN intermediates: softmax (paper, Eq. 4), gumbel (authors' "

@@ -16,8 +16,8 @@ from typing import Any, Dict, Sequence
 
 import torch
 
-from pflkit.core import (ConfigError, Message, Param, PflError, ServerAggregator, ServerContext, non_negative,
-                         unit_interval)
+from pflkit.core import (ConfigError, Message, Param, PflError, ServerAggregator, ServerContext, Space,
+                         non_negative, unit_interval)
 
 from .client import PROTOCOL
 from .equations import choose_candidates, epsilon_at, update_affinity
@@ -31,9 +31,12 @@ class FedFomoServer(ServerAggregator):
     params = {
         "candidates": Param(5, "M: how many stored models each selected client downloads per round (default 5: "
                                "PFLlib's and FL-bench's, the M FedCP ran; the official code's README uses 4 or 9 "
-                               "with 15 clients); 0 = local training on the train part", check=non_negative),
+                               "with 15 clients); 0 = local training on the train part", check=non_negative,
+                            space=Space.integer(1, 10, source="around PFLlib's 5 and the official README's 4 and 9; "
+                                                              "no grid at hand")),
         "epsilon": Param(0.3, "initial exploration rate epsilon of the epsilon-greedy choice (default 0.3: the "
-                              "official code's README)", check=unit_interval),
+                              "official code's README)", check=unit_interval,
+                          space=Space.real(0.0, 0.5, source="around the official README's 0.3; no grid at hand")),
         "epsilon_decay": Param(0.05, "decrease of epsilon per round, epsilon_t = max(0, epsilon - decay (t - 1)) "
                                      "(default 0.05: the official code's README)", check=non_negative),
     }

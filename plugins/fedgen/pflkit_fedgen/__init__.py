@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerContext, State, fold_mean,
-                         non_negative, positive, unit_interval)
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerContext, Space, State,
+                         fold_mean, non_negative, positive, unit_interval)
 from pflkit_fedavg import FedAvgAggregator
 
 from .equations import (FeatureGenerator, client_regulariser, decayed, diversity_loss, ensemble_logits,
@@ -67,10 +67,13 @@ class FedGenTrainer(LocalSGDTrainer):
         **LocalSGDTrainer.params,
         "alpha": Param(10.0, "generative alpha: weight of CE(head(G(y^)), y^) on generated features, decayed x0.98 "
                              "per round (default 10: the authors' and FL-bench's; PFLlib uses 1 without decay); "
-                             "alpha = beta = 0: FedAvg exactly", check=non_negative),
+                             "alpha = beta = 0: FedAvg exactly", check=non_negative,
+                       space=Space.real(1.0, 100.0, log=True,
+                                        source="around the authors' 10 (PFLlib 1); no grid at hand")),
         "beta": Param(10.0, "generative beta: weight of KL(softmax(head(G(y))) || softmax(model(x))) on real batches, "
                             "decayed x0.98 per round (default 10: the authors' and FL-bench's; PFLlib has no such "
-                            "term)", check=non_negative),
+                            "term)", check=non_negative,
+                      space=Space.real(1.0, 100.0, log=True, source="around the authors' 10; no grid at hand")),
         "gen_batch_size": Param(32, "generated samples per local step, B_gen; the term is scaled by B_gen / B "
                                     "(default 32: the authors')", check=positive_int),
         "decay": Param(0.98, "per-round decay of alpha and beta, alpha_t = max(1e-4, alpha decay^t) (default 0.98: "
@@ -156,7 +159,10 @@ class FedGenAggregator(FedAvgAggregator):
     params = {
         **FedAvgAggregator.params,
         "generator_lr": Param(0.005, "Adam step size of the generator (default 0.005: PFLlib's, as FedSA Appendix B "
-                                     "states; the authors' is 3e-4)", check=positive),
+                                     "states; the authors' is 3e-4)", check=positive,
+                              space=Space.real(1e-4, 0.01, log=True,
+                                               source="spans the authors' 3e-4 and PFLlib's / FedSA's 0.005; no grid "
+                                                      "at hand")),
         "generator_hidden": Param(512, "hidden width of the generator (default 512: FedSA Appendix B / PFLlib; the "
                                        "authors' 512 for CIFAR, 256 for MNIST)", check=positive_int),
         "generator_noise": Param(512, "noise width of the generator (default 512: FedSA Appendix B / PFLlib; the "

@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from pflkit.core import (ClientContext, ClientTrainer, Param, PflError, host_copy, load_into, make_optimizer,
+from pflkit.core import (ClientContext, ClientTrainer, Param, PflError, Space, host_copy, load_into, make_optimizer,
                          non_negative, run_sgd)
 
 from .equations import auto_lambda, client_regulariser, neighbour_sums
@@ -42,7 +42,10 @@ class FedMTLTrainer(ClientTrainer):
         "lam": Param(None, "weight lam of tr(W Omega W^T) (default null: c = 10^-(floor(log10 d) + 2) for a model "
                            "of d parameters, the weight LG-FedAvg's and FedRep's Fed-MTL code use, the likely source "
                            "of PCFL's Fed-MTL; the paper tunes it per data set); 0 with lam_fro=0 = Local", type=float,
-                     check=non_negative),
+                     check=non_negative,
+                     space=Space.real(1e-7, 1e-2, log=True,
+                                      source="from the reference code's c (1e-7 for cnn4) to 1e-2; the paper tunes "
+                                             "it per data set, no grid at hand")),
         "lam_fro": Param(None, "weight lam_fro of ||W||_F^2 (default null: the same c)", type=float,
                          check=non_negative),
     }

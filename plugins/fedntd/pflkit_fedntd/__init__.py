@@ -12,8 +12,8 @@ from typing import Any, Dict
 
 import torch
 
-from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ConfigError, LocalSGDTrainer, Param, load_into,
-                         non_negative, positive, trained_names)
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ConfigError, LocalSGDTrainer, Param, Space,
+                         load_into, non_negative, positive, trained_names)
 
 from .equations import not_true_logits, ntd_loss
 
@@ -29,9 +29,13 @@ class FedNTDTrainer(LocalSGDTrainer):
         **LocalSGDTrainer.params,
         "beta": Param(1.0, "weight beta of the not-true distillation loss (default 1: the authors' "
                            "config/fedntd.json; PFLlib's default -bt 0 switches the loss off, i.e. FedAvg); "
-                           "0 = FedAvg exactly", check=non_negative),
+                           "0 = FedAvg exactly", check=non_negative,
+                      space=Space.real(0.1, 10.0, log=True,
+                                       source="around the authors' 1 (config/fedntd.json); no grid at hand")),
         "tau": Param(1.0, "softmax temperature tau of the not-true distributions (default 1: the authors' and "
-                          "PFLlib's)", check=positive),
+                          "PFLlib's)", check=positive,
+                     space=Space.real(0.5, 5.0, log=True,
+                                      source="around the authors' 1 (config/fedntd.json); no grid at hand")),
     }
     declares_state = True  # FedAvg's (the model keys never sent); the frozen copy is rebuilt from every message
     # on_evaluate scores the model the evaluate message brings: the personal numbers are the global model's

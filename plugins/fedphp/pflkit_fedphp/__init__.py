@@ -16,8 +16,8 @@ from typing import Any, Dict, Sequence
 
 import torch
 
-from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, host_copy, load_into, positive,
-                         unit_interval)
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, Space, host_copy, load_into,
+                         positive, unit_interval)
 from pflkit_fedavg import FedAvgAggregator
 
 from .equations import hpm_momentum, hpm_update, kd_transfer, local_objective, mmd_rbf
@@ -45,11 +45,15 @@ class FedPHPTrainer(LocalSGDTrainer):
                                 "authors' grid (KD 0.05, MMD 0.1, MMD 0.05); PFLlib has MMD only",
                           choices=TRANSFERS),
         "lam": Param(0.05, "lambda of L = (1 - lambda) CE + lambda KT (default 0.05: the authors' KD setting; "
-                           "PFLlib's default -lam 1 drops the cross-entropy); 0 = FedAvg's training", check=unit_interval),
+                           "PFLlib's default -lam 1 drops the cross-entropy); 0 = FedAvg's training",
+                     check=unit_interval,
+                     space=Space.real(0.01, 0.5, log=True,
+                                      source="around the authors' grid values 0.05 (KD) and 0.1, 0.05 (MMD)")),
         "temperature": Param(4.0, "KD temperature, applied to the HPM's logits only (default 4: the authors' code)",
                              check=positive),
         "mu_max": Param(0.9, "cap of the HPM momentum mu_i = min(mu_max, mu_max n_i / (c_ratio T)) (default 0.9: "
-                             "the authors' code); 0 = the HPM is the last local model", check=unit_interval),
+                             "the authors' code); 0 = the HPM is the last local model", check=unit_interval,
+                        space=Space.real(0.5, 0.99, source="around the authors' 0.9; no grid at hand")),
     }
 
     def __init__(self, ctx):

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from pflkit.core import (ClientContext, ClientTrainer, ConfigError, Param, PflError, host_copy, load_into,
+from pflkit.core import (ClientContext, ClientTrainer, ConfigError, Param, PflError, Space, host_copy, load_into,
                          make_optimizer, minibatches, non_negative, run_sgd)
 
 from .equations import DISTANCES, dense_prototypes, local_prototypes, prototype_loss, prototype_scores
@@ -33,7 +33,10 @@ class FedProtoTrainer(ClientTrainer):
     description = "trains its own model with CE + lambda * ||f(x) - global prototype of y||^2; uploads prototypes"
     params = {
         "lambda_proto": Param(1.0, "weight lambda of the prototype regulariser L_R in CE + lambda * L_R (the "
-                                   "authors' value for MNIST and FEMNIST; 0.1 for CIFAR-10)", check=non_negative),
+                                   "authors' value for MNIST and FEMNIST; 0.1 for CIFAR-10)", check=non_negative,
+                              space=Space.real(0.01, 10.0, log=True,
+                                               source="around the authors' 1 (MNIST, FEMNIST) and 0.1 (CIFAR-10); "
+                                                      "no grid at hand")),
         "proto_distance": Param("mean", "squared L2 distance between an embedding and a prototype: mean = divided "
                                         "by the embedding size (the authors' nn.MSELoss, with which lambda was "
                                         "tuned), sum = the plain squared norm", choices=DISTANCES),

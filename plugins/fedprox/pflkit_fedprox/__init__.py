@@ -17,8 +17,8 @@ from typing import Any, Dict, List
 import torch
 from torch import nn
 
-from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, Param, non_negative, proximal_term,
-                         trained_names)
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, LocalSGDTrainer, Param, Space, non_negative,
+                         proximal_term, trained_names)
 
 __all__ = ["FedProxTrainer", "ALGORITHM", "proximal_term"]
 
@@ -34,7 +34,9 @@ class FedProxTrainer(LocalSGDTrainer):
     params = {
         **LocalSGDTrainer.params,
         "mu": Param(0.01, "proximal coefficient mu of Eq. 2 (default 0.01; the paper tunes mu per dataset over "
-                          "{0.001, 0.01, 0.1, 1}); 0 = FedAvg", check=non_negative),
+                          "{0.001, 0.01, 0.1, 1}); 0 = FedAvg", check=non_negative,
+                    space=Space.choice([0.001, 0.01, 0.1, 1.0],
+                                       source="the paper's grid; it tunes mu per dataset")),
     }
 
     def __init__(self, ctx):

@@ -21,8 +21,8 @@ from typing import Iterable, Iterator
 
 import torch
 
-from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ConfigError, Param, make_optimizer, positive, run_sgd,
-                         trained_names)
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ConfigError, Param, Space, make_optimizer, positive,
+                         run_sgd, trained_names)
 from pflkit_fedper import FedPerTrainer
 
 __all__ = ["FedRepTrainer", "ALGORITHM", "frozen"]
@@ -51,7 +51,8 @@ class FedRepTrainer(FedPerTrainer):
         **FedPerTrainer.params,
         "head_epochs": Param(10, "local epochs of head-only training per round (default 10, the paper's; on the "
                                  "embedded digits, 20 clients, 20 rounds it beat 5 and 1: final uniform accuracy "
-                                 "0.942 vs 0.936 vs 0.863)", check=positive),
+                                 "0.942 vs 0.936 vs 0.863)", check=positive,
+                             space=Space.integer(1, 15, source="around the paper's 10; no grid at hand")),
         "body_epochs": Param(None, "local epochs of body-only training per round (default: train.local_epochs, "
                                    "whose default 1 is the paper's)", type=int, check=positive),
     }

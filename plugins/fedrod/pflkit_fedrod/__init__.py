@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ClientContext, ConfigError, LocalSGDTrainer, Param,
-                         host_copy, load_into, make_optimizer, non_negative, positive, run_sgd, trained_names)
+                         Space, host_copy, load_into, make_optimizer, non_negative, positive, run_sgd, trained_names)
 
 from .equations import balanced_softmax_loss, class_counts, personalized_logits, personalized_loss
 
@@ -73,7 +73,9 @@ class FedRoDTrainer(LocalSGDTrainer):
                                         "generic one) or generic (a copy of the generic head's initial weights, "
                                         "as PFLlib)", choices=PERSONAL_INITS),
         "personal_lr": Param(None, "learning rate of the personal head (default: train.lr)", type=float,
-                             check=positive),
+                             check=positive,
+                             space=Space.real(0.001, 0.5, log=True,
+                                              source="train.lr's range; no grid at hand")),
         "eval_model": Param("personal", "model scored on each client's test split: personal (generic + personal "
                                         "head, the P-FL accuracy) or generic (the shared model, G-FL accuracy)",
                             choices=EVAL_MODELS),

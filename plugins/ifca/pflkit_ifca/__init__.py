@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, State, clone_state,
-                         derive_seed, evaluate, positive)
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, Space, State,
+                         clone_state, derive_seed, evaluate, positive)
 
 from .equations import choose_cluster, cluster_average, recovery
 
@@ -94,7 +94,9 @@ class IFCAAggregator(ServerAggregator):
     description = "k cluster models; per-cluster average of the uploads; logs cluster recovery (ARI)"
     params = {
         "clusters": Param(4, "number of cluster models k (the paper's rotated MNIST: 4; CIFAR-10: 2; FEMNIST: 3); "
-                             "k = 1 is FedAvg", check=positive),
+                             "k = 1 is FedAvg", check=positive,
+                          space=Space.integer(2, 5, source="around the paper's k of 2-4, the true cluster counts of "
+                                                           "its benchmarks; no grid given")),
         "weighting": Param("uniform", "weight of one upload in its cluster's mean: uniform = 1 per client (the "
                                       "paper's Algorithm 1; default), samples = its training-sample count (FedAvg's)",
                            choices=WEIGHTINGS),

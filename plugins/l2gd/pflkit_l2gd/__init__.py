@@ -25,8 +25,8 @@ from typing import Any, Dict, Optional, Sequence
 
 from itertools import islice
 
-from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, State, clone_state,
-                         load_into, make_optimizer, non_negative, positive, run_sgd)
+from pflkit.core import (Algorithm, ConfigError, LocalSGDTrainer, Message, Param, ServerAggregator, Space, State,
+                         clone_state, load_into, make_optimizer, non_negative, positive, run_sgd)
 
 from .equations import (averaging_coefficient, local_step_size, pull_toward, repeated_coefficient, script_mean)
 
@@ -110,12 +110,20 @@ class L2GDAggregator(ServerAggregator):
         "p": Param(0.1, "probability p of an averaging step (pflkit's default 0.1: the local step size "
                         "alpha/(n(1-p)) is then 0.056 at alpha 1 and 20 clients, pflkit's FedAvg lr 0.05; FedRep's "
                         "code hard-codes 0.9); p = 0 is Local; must be < 1", check=lambda v: None if 0 <= v < 1
-                   else "must be in [0, 1)"),
+                   else "must be in [0, 1)",
+                   space=Space.real(0.05, 0.5, source="around pflkit's 0.1; FedRep's code uses 0.9; the paper varies "
+                                                      "p but gives no grid for neural models")),
         "alpha": Param(1.0, "step size alpha of Algorithm 1 (FedRep's code: 1); local steps use alpha/(n(1-p))",
-                       check=positive),
+                       check=positive,
+                       space=Space.real(0.25, 2.0, log=True,
+                                        source="around FedRep's 1; it is L2GD's step size, train.lr does not "
+                                               "train it; no grid given")),
         "lam": Param(0.5, "lambda, the weight of the pull toward the mean (FedRep's code: 0.5); an averaging step "
                           "moves x_i by c = alpha lambda/(n p) of the way to x_bar (c must be <= 1)",
-                     check=non_negative),
+                     check=non_negative,
+                     space=Space.real(0.05, 1.0, log=True,
+                                      source="around FedRep's 0.5; the paper varies lambda but gives no grid for "
+                                             "neural models")),
         "variant": Param("paper", "paper: Algorithm 1; fedrep_script: what FedRep's main_l2gd.py computes (pull "
                                   "c = alpha lambda/(n (1 - p)), the first client counted twice in the mean; no "
                                   "c <= 1 check, so it can diverge), for comparing with numbers made by that script",

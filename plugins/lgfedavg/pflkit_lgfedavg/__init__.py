@@ -19,7 +19,7 @@ from typing import List
 from easydict import EasyDict
 from torch import nn
 
-from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param, positive
+from pflkit.core import Algorithm, ConfigError, LocalSGDTrainer, Param, Space, positive
 
 from .layers import model_layers
 
@@ -47,7 +47,9 @@ class LGFedAvgTrainer(LocalSGDTrainer):
         "global_layers": Param(DEFAULT_GLOBAL_LAYERS,
                                "how many layers, counted from the output, are global (shared and averaged); the "
                                "others stay local (default 2: the authors' CIFAR-10 setting num_layers_keep 2; "
-                               "1 = the head only, as PFLlib; the model's layer count = FedAvg)", check=positive),
+                               "1 = the head only, as PFLlib; the model's layer count = FedAvg)", check=positive,
+                               space=Space.integer(1, 3, source="around the authors' 2 for CIFAR-10 and 3 for "
+                                                                "MNIST; 1 is PFLlib's head only; no grid given")),
     }
     declares_state = True  # the local layers: the model keys it does not share
 

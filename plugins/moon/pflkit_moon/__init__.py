@@ -19,8 +19,8 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ConfigError, LocalSGDTrainer, Param, host_copy,
-                         load_into, non_negative, positive, trained_names)
+from pflkit.core import (Algorithm, BatchedForm, BatchedPhase, ConfigError, LocalSGDTrainer, Param, Space,
+                         host_copy, load_into, non_negative, positive, trained_names)
 
 from .equations import model_contrastive_loss
 
@@ -45,9 +45,13 @@ class MOONTrainer(LocalSGDTrainer):
         **LocalSGDTrainer.params,
         "mu": Param(5.0, "weight mu of the model-contrastive loss (default 5: the paper's for CIFAR-10; 1 for "
                          "CIFAR-100 and Tiny-ImageNet; PFLlib's default -mu 0 switches it off, i.e. FedAvg); 0 = "
-                         "FedAvg exactly", check=non_negative),
+                         "FedAvg exactly", check=non_negative,
+                    space=Space.choice([0.1, 1.0, 5.0, 10.0],
+                                       source="the paper's grid {0.1, 1, 5, 10}; it tunes mu per dataset")),
         "tau": Param(0.5, "temperature tau of l_con (default 0.5: the paper's and FL-bench's; PFLlib's is 1.0, the "
-                          "value FedSA states)", check=positive),
+                          "value FedSA states)", check=positive,
+                     space=Space.choice([0.1, 0.5, 1.0], source="around the paper's 0.5; PFLlib and FedSA use 1.0; "
+                                                                "no grid given")),
         "frozen_mode": Param("eval", "mode of the frozen global and previous models while they embed a batch: eval "
                                      "(default: BatchNorm running statistics, no dropout) or train (batch "
                                      "statistics; the references leave this unsettled)", choices=("eval", "train")),

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from pflkit.core import (Algorithm, LocalSGDTrainer, Message, Param, ServerAggregator, non_negative, positive,
+from pflkit.core import (Algorithm, LocalSGDTrainer, Message, Param, ServerAggregator, Space, non_negative, positive,
                          proximal_term)
 
 from .equations import edge_step, fused_components, running_mean_step, u_update, z_update
@@ -98,7 +98,10 @@ class NetLassoAggregator(ServerAggregator):
                            "decoupled, see the README). Neither the paper (tuned per task) nor PCFL gives one for "
                            "neural models; 0.04 with rho 0.02 fuses the cnn4 models of two clients when "
                            "||x_j + u_jk - x_k - u_kj|| <= 2 lambda / rho = 4 (README: how it was chosen)",
-                     check=non_negative),
+                     check=non_negative,
+                     space=Space.real(0.005, 0.2, log=True,
+                                      source="around pflkit's 0.04, fusion thresholds 0.5-20 at rho 0.02; the "
+                                             "paper tunes lambda per task, no grid for neural models")),
         "rho": Param(0.02, "rho: the ADMM penalty, the x-update's proximal weight per edge (rho * degree in all) "
                            "and the z-update's threshold lambda w / rho; not given by the paper or PCFL (0.02: a "
                            "FedProx-sized pull of 0.38 on the complete graph of 20 clients)", check=positive),

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflkit.core import (BatchedForm, ClientTrainer, ConfigError, LocalSGDTrainer, Message, Param, PflError,
+from pflkit.core import (BatchedForm, ClientTrainer, ConfigError, LocalSGDTrainer, Message, Param, PflError, Space,
                          StepInputs, TensorData, derive_seed, make_optimizer, non_negative, positive, run_sgd,
                          state_declared)
 
@@ -61,9 +61,15 @@ AUTHORS_LATENT_L2 = 0.01
 TRAINER_PARAMS = {
     "alpha": Param(0.5, "Eq. 14 alpha: weight of the loss of client i's model on the overlaps D^{i,k} held by "
                         "the other clients (paper: 0.5; 1 for FEMNIST and eICU); 0 = the Table 5 ablation without "
-                        "it", check=non_negative),
+                        "it", check=non_negative,
+                   space=Space.real(0.1, 2.0, log=True,
+                                    source="around the paper's 0.5 and 1: Appendix E.3 grid-searches alpha and beta "
+                                           "on a validation set but prints no grid")),
     "beta": Param(0.5, "Eq. 14 beta: weight of the loss on synthetic samples of the client's unshared region "
-                       "(Eq. 12-13; paper: 0.5); 0 = the Table 5 ablation without it", check=non_negative),
+                       "(Eq. 12-13; paper: 0.5); 0 = the Table 5 ablation without it", check=non_negative,
+                  space=Space.real(0.1, 2.0, log=True,
+                                   source="around the paper's 0.5: Appendix E.3 grid-searches alpha and beta on a "
+                                          "validation set but prints no grid")),
     "overlap": Param("hull", "projected local manifold (Eq. 9): hull = exact convex hull of the latent codes (the "
                              "paper); box = per-label axis-aligned bounding box (the authors' released code)",
                      choices=KINDS),

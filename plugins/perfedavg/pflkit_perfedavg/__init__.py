@@ -29,7 +29,7 @@ from typing import List
 
 import torch
 
-from pflkit.core import Algorithm, Param, clip_gradients, derive_seed, make_optimizer, non_negative, positive
+from pflkit.core import Algorithm, Param, Space, clip_gradients, derive_seed, make_optimizer, non_negative, positive
 from pflkit_fedavg import FedAvgTrainer
 
 from .equations import hessian_vector_product, hf_direction, inner_step
@@ -55,7 +55,10 @@ class PerFedAvgTrainer(FedAvgTrainer):
                                "FL-bench's (the paper evaluates both)", choices=VARIANTS),
         "alpha": Param(None, "step size of the inner step and of the evaluation-time step (the paper's alpha); "
                              "default: train.lr (alpha = lr, as the pFedMe authors' and PFLlib's implementations); "
-                             "0 turns the meta step off (FedAvg)", type=float, check=non_negative),
+                             "0 turns the meta step off (FedAvg)", type=float, check=non_negative,
+                       space=Space.real(0.001, 0.1, log=True,
+                                        source="around the pFedMe authors' tuned 0.005-0.03 and pflkit's 0.05; no "
+                                               "grid given")),
         "beta": Param(None, "step size of the outer (meta) step (the paper's beta); default: train.lr, so that "
                             "alpha = 0 is FedAvg at the same learning rate", type=float, check=positive),
         "delta": Param(1e-3, "finite-difference step of the Hessian-free variant's Hessian-vector product (FL-bench's "

@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from pflkit.core import (Algorithm, LocalSGDTrainer, Param, clip_gradients, host_copy, load_into, make_optimizer,
-                         positive, proximal_term)
+from pflkit.core import (Algorithm, LocalSGDTrainer, Param, Space, clip_gradients, host_copy, load_into,
+                         make_optimizer, positive, proximal_term)
 from pflkit_fedavg import WEIGHTINGS, FedAvgAggregator
 
 from .equations import beta_mix, inner_step, local_w_step
@@ -38,12 +38,20 @@ class PFedMeTrainer(LocalSGDTrainer):
         **LocalSGDTrainer.params,
         "lam": Param(15.0, "lambda: weight of ||theta - w||^2 in the personal problem (default 15: the paper's "
                            "MNIST setting, PFLlib's examples and FL-bench); the local w moves by "
-                           "train.lr * lambda * (w - theta) per mini-batch", check=positive),
+                           "train.lr * lambda * (w - theta) per mini-batch", check=positive,
+                     space=Space.real(5.0, 50.0, log=True,
+                                      source="around the paper's tuned 15, 20 and 30 on MNIST and Synthetic, "
+                                             "per the authors' README; no grid given")),
         "personal_lr": Param(0.05, "eta_p: step size of the K inner steps on theta (default 0.05 = pflkit's "
                                    "train.lr, as PFLlib's examples use lrp = lr; the paper: 0.1 / 0.09 on MNIST)",
-                             check=positive),
+                             check=positive,
+                             space=Space.real(0.005, 0.1, log=True,
+                                              source="around the paper's tuned 0.01-0.1, per the authors' README; "
+                                                     "no grid given")),
         "inner_steps": Param(5, "K: gradient steps on theta per mini-batch (default 5: the paper, PFLlib, "
-                                "FL-bench)", check=positive),
+                                "FL-bench)", check=positive,
+                             space=Space.integer(1, 10, source="around the paper's K = 5, which its tuned runs "
+                                                               "all keep; it studies K's effect but gives no grid")),
         "inner_start": Param("warm", "where each mini-batch's K steps start: warm = the previous mini-batch's theta "
                                      "(theta starts at w^t each round; the authors' code), anchor = the current "
                                      "w_{i,r}", choices=("warm", "anchor")),
@@ -125,7 +133,9 @@ class PFedMeAggregator(FedAvgAggregator):
                            choices=WEIGHTINGS),
         "beta": Param(1.0, "beta of the server update w <- (1 - beta) w + beta * mean (default 1: the paper's "
                            "main setting, PFLlib and FL-bench; the paper also uses 2); 1 = the plain mean",
-                      check=positive),
+                      check=positive,
+                      space=Space.choice([1.0, 2.0], source="the paper's 1 for its main runs and 2 for its tuned runs, "
+                                                           "per the authors' README")),
     }
     mean_fields = ("params",)  # the mean is all it needs before mixing: a distributed run may all-reduce it
     sends_params_always = True  # aggregate_fit only mixes: every message still carries the global model
