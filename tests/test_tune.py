@@ -249,3 +249,20 @@ def test_every_installed_algorithms_ranges_are_values_its_options_accept():
             assert space_problem(key, space, params[key]) is None, (name, key, space)
             for value in space.values_to_check():  # the whole configuration takes each end of the range
                 resolve([{key.split(".")[0]: {key.split(".", 1)[1]: value}}], algorithm=name)
+
+
+def test_an_algorithm_can_keep_an_option_it_does_not_use_out_of_the_search(registries_snapshot):
+    from pflkit.core import Algorithm
+    from pflkit.core.api import registry as reg
+
+    reg.ALGORITHMS.register("fedprox-fixed-lr", Algorithm(trainer="fedprox", aggregator="fedavg",
+                                                          searches={"train.lr": None,
+                                                                    "train.momentum": Space.real(0.0, 0.9)}))
+    cfg = resolve([], algorithm="fedprox-fixed-lr")
+    assert list(search_spaces(cfg, {})) == ["train.local_epochs", "train.momentum", "trainer.mu"]
+    assert "train.lr" in search_spaces(cfg, {"train.lr": "log:0.01..0.1"})  # --space outranks it
+    reg.ALGORITHMS.register("fedprox-bad-range", Algorithm(trainer="fedprox", aggregator="fedavg",
+                                                           searches={"train.lr": Space.real(-1.0, 1.0)}))
+    with pytest.raises(ConfigError, match="fedprox-bad-range's search range"):
+        search_spaces(resolve([], algorithm="fedprox-bad-range"), {})
+    assert "train.lr" not in search_spaces(resolve([], algorithm="l2gd"), {})  # L2GD steps with its own alpha

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+if TYPE_CHECKING:
+    from .space import Space
 
 
 @dataclass(frozen=True)
@@ -10,7 +13,10 @@ class Algorithm:
     """What ``fl run --plugin NAME`` selects.
 
     ``defaults`` is a partial config overlay (e.g. ``{"train": {"lr": 0.005}, "trainer": {"lambda_mmd": 5.0}}``)
-    applied above the core defaults and below the user's file and ``--set`` values.
+    applied above the core defaults and below the user's file and ``--set`` values. ``searches`` sets ``fl tune``'s
+    range of an option the algorithm does not declare itself (``{"train.lr": Space.real(...)}``), or ``None`` to keep
+    one fixed that the algorithm does not use (L2GD steps with its own alpha, never ``train.lr``); ``--space``
+    still outranks it.
     """
 
     trainer: str
@@ -18,3 +24,4 @@ class Algorithm:
     description: str = ""
     paper: str = ""
     defaults: Dict[str, Any] = field(default_factory=dict)
+    searches: Dict[str, Optional["Space"]] = field(default_factory=dict)

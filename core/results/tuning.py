@@ -94,8 +94,21 @@ def base_config(req: TuneRequest) -> Tuple[Any, List[Mapping[str, Any]], Optiona
 def search_spaces(cfg: Any, overrides: Mapping[str, str]) -> Dict[str, Space]:
     """The ranges a study searches: those the configuration's options declare, with ``--space`` replacing,
     adding or (``off``) removing one. Keys sorted: the order Optuna asks in is part of a study's identity."""
+    from ..api import registry as reg
+
     params = declared_params(cfg)
     spaces = {key: p.space for key, p in params.items() if p.space is not None}
+    for key, space in (getattr(reg.ALGORITHMS.get(cfg.algorithm), "searches", None) or {}).items():
+        if key not in params:  # a plugin's mistake, named with the plugin
+            raise ConfigError(f"algorithm {cfg.algorithm} sets a search range of '{key}', which is no option of "
+                              f"its configuration")
+        if space is None:
+            spaces.pop(key, None)
+        else:
+            problem = space_problem(key, space, params[key])
+            if problem:
+                raise ConfigError(f"algorithm {cfg.algorithm}'s search range: {problem}")
+            spaces[key] = space
     for key, text in overrides.items():
         if key not in params:
             from ..common.errors import did_you_mean

@@ -219,4 +219,5 @@ ALGORITHM = Algorithm(
     paper="Hanzely, Richtarik: Federated Learning of a Mixture of Global and Local Models, arXiv:2002.05516, 2020",
     defaults={"model": {"name": "cnn4"}, "train": {"lr": 0.05, "batch_size": 32, "local_epochs": 1},
               "participation": {"join_ratio": 1.0}},
+    searches={"train.lr": None},  # its step size is alpha / (n (1 - p)) (aggregator.alpha): train.lr is unused
 )
