@@ -61,7 +61,11 @@ def tune_command(plugin: str, trials: int, out_dir: str, config_file: Optional[s
     req = TuneRequest(plugin=plugin, layers=layers, trials=trials, out_dir=Path(out_dir), jobs=jobs,
                       spaces=_space_items(spaces), metric=metric, objective=objective, pruner=pruner,
                       seed=study_seed)
-    result = tune(req, echo=click.echo)
+    try:
+        result = tune(req, echo=click.echo)
+    except KeyboardInterrupt:  # between two trials, or while a study is opened: nothing half-made, 130 as fl run
+        click.echo(f"interrupted; rerun the same command to continue the study in {out_dir}", err=True)
+        sys.exit(INTERRUPTED)
     if "best_trial" in result:
         params = ", ".join(f"{k}={v!r}" for k, v in result["best_params"].items())
         click.echo(f"best: trial {result['best_trial']}, {result['metric']} {result['best_value']:.4f} ({params})")
