@@ -266,3 +266,11 @@ def test_an_algorithm_can_keep_an_option_it_does_not_use_out_of_the_search(regis
     with pytest.raises(ConfigError, match="fedprox-bad-range's search range"):
         search_spaces(resolve([], algorithm="fedprox-bad-range"), {})
     assert "train.lr" not in search_spaces(resolve([], algorithm="l2gd"), {})  # L2GD steps with its own alpha
+
+
+def test_a_trial_is_never_pruned_at_its_last_round(tmp_path):
+    # two rounds: the median pruner (from round 2, after 5 completed trials) could only stop a trial at its last one
+    res = CliRunner().invoke(cli, ["tune", "-p", "fedavg", "--trials", "8", "--out", str(tmp_path), "--set",
+                                   "rounds=2", *TINY[2:], "--space", "train.local_epochs=off"])
+    assert res.exit_code == 0, res.output
+    assert [r["state"] for r in _rows(tmp_path)] == ["complete"] * 8

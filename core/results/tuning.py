@@ -288,7 +288,7 @@ def run_trial(url: str, trial_id: int, pruner: str, cfg: Any, run_dir: Path, met
             state["diverged"] = True
             return True
         trial.report(float(value), step=int(record["round"]))
-        if trial.should_prune():
+        if int(record["round"]) < int(cfg.rounds) and trial.should_prune():  # a run that ended is complete
             state["pruned"] = True
             return True
         return False
