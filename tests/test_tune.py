@@ -274,3 +274,33 @@ def test_a_trial_is_never_pruned_at_its_last_round(tmp_path):
                                    "rounds=2", *TINY[2:], "--space", "train.local_epochs=off"])
     assert res.exit_code == 0, res.output
     assert [r["state"] for r in _rows(tmp_path)] == ["complete"] * 8
+
+
+def test_a_pruned_trial_stops_at_the_round_it_is_pruned(tmp_path):
+    """The pruner's verdict pauses the run after that round (checkpointed): a pruned trial does not run to the end,
+    and its run directory says where it stopped."""
+    res = CliRunner().invoke(cli, ["tune", "-p", "fedavg", "--trials", "12", "--out", str(tmp_path), "--set",
+                                   "rounds=8", *TINY[2:], "--space", "train.local_epochs=off", "--space",
+                                   "train.lr=log:0.00001..0.5"])
+    assert res.exit_code == 0, res.output
+    rows = _rows(tmp_path)
+    pruned = [r for r in rows if r["state"] == "pruned"]
+    assert pruned, [(r["state"], r["train.lr"]) for r in rows]  # lr 1e-5 learns nothing: below the median
+    for row in pruned:
+        assert 1 < int(row["rounds"]) < 8, row
+        assert f"pruned after round {row['rounds']}" == row["reason"]
+        assert (Path(row["run_dir"]) / "checkpoint.pt").exists()
+    assert all(int(r["rounds"]) == 8 for r in rows if r["state"] == "complete")
+
+
+def test_a_run_pauses_after_the_round_its_on_round_callback_returns_true(tmp_path):
+    from pflkit.core.engine.simulation import Simulation
+
+    layers = [{"rounds": 4, "dataset": {"name": "digits"}, "model": {"name": "mlp", "hidden": [8]},
+               "partition": {"num_clients": 3}, "checkpoint": {"every": 0}}]
+    cfg = resolve(layers, algorithm="fedavg")
+    summary = Simulation(cfg, run_dir=tmp_path / "r", progress=False, tensorboard=False).run(
+        on_round=lambda record: record["round"] == 2)
+    assert (summary["status"], summary["rounds_completed"]) == ("interrupted", 2)
+    resumed = Simulation.resume(tmp_path / "r", progress=False, tensorboard=False).run(on_round=lambda record: 1)
+    assert (resumed["status"], resumed["rounds_completed"]) == ("finished", 4)  # only True pauses

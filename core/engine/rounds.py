@@ -108,9 +108,11 @@ class RoundLoop:
     server_stores: ServerStores
     _checkpointed_round: Optional[int]  # the round the last checkpoint written or loaded by this process holds
 
-    def run(self, stop_after: Optional[int] = None, on_round: Optional[Callable[[Dict[str, Any]], None]] = None,
+    def run(self, stop_after: Optional[int] = None,
+            on_round: Optional[Callable[[Dict[str, Any]], Optional[bool]]] = None,
             stop_in_setup: Optional[int] = None, on_setup: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-        """Run the remaining rounds (``stop_after``: pause after that round, as an interrupt would;
+        """Run the remaining rounds (``stop_after``: pause after that round, as an interrupt would; ``on_round``
+        receives each round's record and pauses the run after that round by returning True, e.g. a tuner's pruner;
         ``stop_in_setup``: pause after that many resumable set-up steps; ``on_setup`` receives each set-up line,
         with its estimate of the set-up time left, also when the console is quiet)."""
         cfg = self.cfg
@@ -132,10 +134,9 @@ class RoundLoop:
                     record = self.run_round(rnd)
                     self.completed_round = rnd
                     reporter.round(record, time.perf_counter() - started, self._postfix(record))
-                    if on_round is not None:
-                        on_round(record)
+                    asked = on_round is not None and on_round(record) is True
                     last = rnd == cfg.rounds
-                    pause = self._stop_requested(stop) or (stop_after is not None and rnd >= stop_after)
+                    pause = asked or self._stop_requested(stop) or (stop_after is not None and rnd >= stop_after)
                     if (last and cfg.checkpoint.get("final", True)) or pause or \
                             (cfg.checkpoint.every and rnd % cfg.checkpoint.every == 0):
                         self.checkpoint()

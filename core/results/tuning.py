@@ -194,7 +194,8 @@ def _pruner(name: str) -> Any:
     if name == "none":
         return optuna.pruners.NopPruner()
     # the median pruner compares a trial with completed trials only: the batches stay reproducible
-    return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)
+    # Optuna prunes at a step >= n_warmup_steps: rounds are steps 1, 2, ..., so the first round is never judged alone
+    return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2)
 
 
 def _open_study(req: TuneRequest, url: str, identity: Dict[str, Any], higher: bool) -> Any:
