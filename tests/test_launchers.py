@@ -121,3 +121,174 @@ def test_two_collectors_at_once_is_one_line_and_a_failed_job_is_resubmitted(tmp_
     assert any("fedavg-seed0: job 4242 ended without finishing the run" in ln for ln in lines), lines
     assert len(first["submitted"]) == 1 and read_jobs(out)["fedavg-seed0"]["job_id"] == first["submitted"][0]
     _wait_for([out / "runs" / "fedavg-seed0" / "verified.json"])
+
+
+LAUNCHER_TOML = """[launcher]
+name = "slurm"
+partition = "gpu"
+time = 240
+gpus = 1
+cpus = 4
+mem_gb = 16
+account = "proj"
+array_parallelism = 8
+
+[launcher.options]
+qos = "high"
+"""
+
+
+def _captured_settings(tmp_path, monkeypatch, args):
+    """The LauncherSettings fl compare hands to the comparison (run_comparison stubbed: nothing runs)."""
+    from click.testing import CliRunner
+
+    seen = {}
+
+    def fake(*a, launcher=None, **k):
+        seen["settings"] = launcher
+        return {"submitted": ["1_0"], "waiting": [], "launcher": launcher.name}
+
+    monkeypatch.setattr("pflkit.core.results.compare.run_comparison", fake)
+    res = CliRunner().invoke(cli, ["compare", "--plugins", "fedavg", "--set", "rounds=1", "--out",
+                                   str(tmp_path / "o"), *args])
+    return res, seen.get("settings")
+
+
+def test_a_launcher_config_file_gives_the_settings_and_the_command_line_outranks_it(tmp_path, monkeypatch):
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(LAUNCHER_TOML)
+    res, settings = _captured_settings(tmp_path, monkeypatch, ["--launcher-config", str(conf)])
+    assert res.exit_code == 0, res.output
+    assert (settings.name, settings.partition, settings.time_min, settings.gpus_per_job, settings.cpus_per_job,
+            settings.mem_gb, settings.account, settings.array_parallelism, settings.extra) == (
+        "slurm", "gpu", 240, 1, 4, 16.0, "proj", 8, {"qos": "high"})
+    assert "submitted 1 run(s) as slurm job(s): 1_0" in res.output
+    # the command line outranks the file, also where it gives an option's default value
+    res, settings = _captured_settings(tmp_path, monkeypatch, [
+        "--launcher-config", str(conf), "--launcher", "submitit-local", "--slurm-time", "60", "--slurm-option",
+        "qos=low"])
+    assert res.exit_code == 0, res.output
+    assert (settings.name, settings.time_min, settings.partition, settings.extra) == (
+        "submitit-local", 60, "gpu", {"qos": "low"})
+
+
+def test_the_slurm_executor_gets_the_settings(tmp_path, monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name, *a, **k: f"/usr/bin/{name}")
+    settings = LauncherSettings("slurm", partition="gpu", time_min=240, gpus_per_job=1, cpus_per_job=4, mem_gb=16,
+                                account="proj", array_parallelism=8, extra={"qos": "high"})
+    params = settings.executor(tmp_path).parameters
+    assert {k: params[k] for k in ("partition", "time", "gpus_per_node", "cpus_per_task", "mem", "account",
+                                   "array_parallelism", "additional_parameters")} == {
+        "partition": "gpu", "time": 240, "gpus_per_node": 1, "cpus_per_task": 4, "mem": "16384MB",
+        "account": "proj", "array_parallelism": 8, "additional_parameters": {"qos": "high"}}
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[launcher]\npartiton = 'gpu'\n", "unknown key launcher.partiton (known: name, partition, time,"),
+    ("[launcher]\nname = 'slurm'\ntime = '4h'\n", "launcher.time must be an integer, got '4h'"),
+    ("[launcher]\nname = 'pbs'\n", "launcher.name must be \"slurm\" or \"submitit-local\", got 'pbs'"),
+    ("[launcher]\nname = 'slurm'\nmem_gb = true\n", "launcher.mem_gb must be a number (GiB)"),
+    ("[launcher]\nname = 'slurm'\noptions = ['qos=high']\n", "launcher.options must be a table of sbatch options"),
+    ("[slurm]\npartition = 'gpu'\n", "expected one table [launcher], not slurm"),
+    ("[launcher]\npartition = 'gpu'\n", "launcher.partition (--launcher-config) need --launcher slurm"),
+    ("[launcher\n", "cannot be parsed"),
+    ("[launcher]\nname = 'submitit-local'\ntime = 0\n", "time_min: must be a positive integer"),
+])
+def test_a_bad_launcher_config_is_one_line_and_submits_nothing(tmp_path, monkeypatch, text, says):
+    from click.testing import CliRunner
+
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(text)
+    monkeypatch.setattr("shutil.which", lambda name, *a, **k: None)  # no sbatch here
+    res = CliRunner().invoke(cli, ["compare", "--plugins", "fedavg", "--set", "rounds=1", "--out",
+                                   str(tmp_path / "o"), "--launcher-config", str(conf)])
+    assert res.exit_code == 2, res.output
+    assert says in res.output and "Traceback" not in res.output, res.output
+    assert len(res.output.strip().splitlines()) <= 2, res.output  # the "comparing ..." line, then the error
+    assert not (tmp_path / "o" / "jobs.json").exists() and not (tmp_path / "o" / "runs").exists()
+
+
+def test_fl_reproduce_takes_a_launcher_config(tmp_path):
+    """fl reproduce reads the same file (a bad one is the same one line, before anything runs)."""
+    from click.testing import CliRunner
+
+    conf = tmp_path / "cluster.toml"
+    conf.write_text("[launcher]\nname = 'submitit-local'\ncpus = 'many'\n")
+    res = CliRunner().invoke(cli, ["reproduce", "pcfl:table3", "--scale", "quick", "--out", str(tmp_path / "o"),
+                                   "--launcher-config", str(conf)])
+    assert res.exit_code == 2, res.output
+    assert "launcher.cpus must be an integer, got 'many'" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "o").exists()
+
+
+FAKE_SBATCH = """#!/bin/sh
+# a stand-in for Slurm's sbatch: refuses partition "nope" as sbatch does, else accepts the array as job 4242
+echo "$@" >> "{calls}"
+if grep -q -- "--partition=nope" "$(eval echo \\${{$#}})"; then
+  echo "sbatch: error: invalid partition specified: nope" >&2
+  echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2
+  exit 1
+fi
+echo "Submitted batch job 4242"
+"""
+FAKE_SACCT = """#!/bin/sh
+# a stand-in for Slurm's sacct: the states written in {states}
+echo "JobID|State|NodeList"
+cat "{states}"
+"""
+
+
+def test_the_slurm_path_with_a_stand_in_sbatch_and_sacct(tmp_path):
+    """--launcher slurm itself (sbatch, sacct) with stand-in commands on PATH: a partition sbatch refuses is one line
+    and records nothing; an accepted array is recorded; a rerun while Slurm says the jobs are queued or running
+    submits nothing; a job Slurm reports failed is submitted again. Each command is a fresh process, as a user's."""
+    import stat
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls, states = tmp_path / "sbatch_calls", tmp_path / "sacct_states"
+    for name, text in (("sbatch", FAKE_SBATCH.format(calls=calls)), ("sacct", FAKE_SACCT.format(states=states))):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "o"
+
+    def fl(*args):  # (before srun is on PATH: submitit's own check of the cluster is one line too)
+        return subprocess.run([sys.executable, "-m", "pflkit.core.cli", "compare", "--plugins", "fedavg", "--seeds",
+                               "0,1", "--set", "rounds=2", "--set", "model.hidden=8", "--set",
+                               "partition.num_clients=4", "--out", str(out), "--launcher", "slurm", *args],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    res = fl("--slurm-partition", "gpu")
+    assert res.returncode == 2 and "--launcher slurm: Could not detect \"srun\"" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not (out / "jobs.json").exists()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(stat.S_IRWXU)
+
+    res = fl("--slurm-partition", "nope")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "submitting 2 job(s) failed: sbatch: error: Batch job submission failed: Invalid partition name" in (
+        res.stderr), res.stderr
+    assert "Traceback" not in res.stderr and not (out / "jobs.json").exists()
+
+    res = fl("--slurm-partition", "gpu")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "submitted 2 run(s) as slurm job(s): 4242_0, 4242_1" in res.stdout and "squeue --me" in res.stdout
+    records = read_jobs(out)
+    assert {name: r["job_id"] for name, r in records.items()} == {"fedavg-seed0": "4242_0", "fedavg-seed1": "4242_1"}
+    assert len(calls.read_text().splitlines()) == 2
+
+    states.write_text("4242_0|RUNNING|node1\n4242_1|PENDING|None\n")
+    res = fl("--slurm-partition", "gpu")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 run(s) still queued or running from an earlier submission, left alone" in res.stdout
+    assert len(calls.read_text().splitlines()) == 2  # nothing submitted twice
+
+    states.write_text("4242_0|FAILED|node1\n4242_1|RUNNING|node2\n")
+    res = fl("--slurm-partition", "gpu")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "fedavg-seed0: job 4242_0 ended without finishing the run" in res.stdout + res.stderr
+    assert "1 run(s) still queued or running from an earlier submission, left alone: fedavg-seed1" in res.stdout
+    assert len(calls.read_text().splitlines()) == 3 and read_jobs(out)["fedavg-seed1"]["job_id"] == "4242_1"

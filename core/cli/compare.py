@@ -71,6 +71,10 @@ LAUNCHER_OPTIONS = [
     click.option("--launcher", type=click.Choice(["slurm", "submitit-local"]), default=None,
                  help="Submit the runs still to do as a job array through submitit (slurm; submitit-local: the same jobs "
                        "as local processes) and return; run the same command again to collect (docs/scaling.md)."),
+    click.option("--launcher-config", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+                 help="The launcher and its settings from the [launcher] table of a TOML file (name, partition, time, "
+                      "gpus, cpus, mem_gb, account, array_parallelism, [launcher.options]); an option given on the "
+                      "command line outranks the file."),
     click.option("--slurm-partition", default=None, help="--launcher slurm: the partition."),
     click.option("--slurm-time", default=60, show_default=True, type=int, metavar="MIN",
                  help="--launcher: each job's time limit in minutes (a run that hits it is requeued and resumes)."),
@@ -83,38 +87,96 @@ LAUNCHER_OPTIONS = [
     click.option("--slurm-option", "slurm_options", multiple=True, metavar="KEY=VALUE",
                  help="--launcher slurm: another sbatch option (qos=high, constraint=a100). Repeatable."),
 ]
+# --launcher-config's [launcher] keys -> the command-line option each stands for
+LAUNCHER_FILE_KEYS = {"name": "launcher", "partition": "slurm_partition", "time": "slurm_time", "gpus": "slurm_gpus",
+                      "cpus": "slurm_cpus", "mem_gb": "slurm_mem_gb", "account": "slurm_account",
+                      "array_parallelism": "slurm_array_parallelism", "options": "slurm_options"}
+SLURM_PARAMS = ("slurm_partition", "slurm_time", "slurm_gpus", "slurm_cpus", "slurm_mem_gb", "slurm_account",
+                "slurm_array_parallelism", "slurm_options")
 
 
 def launcher_options(fn):
-    """The --launcher and --slurm-* options of fl compare and fl reproduce (core/results/launchers.py)."""
+    """The --launcher, --launcher-config and --slurm-* options of fl compare and fl reproduce
+    (core/results/launchers.py)."""
     for option in reversed(LAUNCHER_OPTIONS):
         fn = option(fn)
     return fn
 
 
-def launcher_settings(launcher: Optional[str], partition: Optional[str], time_min: int, gpus: int, cpus: int,
-                      mem_gb: Optional[float], account: Optional[str], parallelism: int,
-                      options: Tuple[str, ...]) -> Optional[object]:
-    """The ``--launcher`` settings (None without one); an ``--slurm-*`` option without ``--launcher`` is refused."""
+def _launcher_file(path: str) -> Dict[str, object]:
+    """--launcher-config FILE's [launcher] table as command-line values (data, never code; a wrong key or type is one
+    line that names it)."""
+    data = load_file(path)
+    where = f"--launcher-config {path}"
+    extra = sorted(set(data) - {"launcher"})
+    if extra or not isinstance(data.get("launcher"), dict):
+        raise ConfigError(f"{where}: expected one table [launcher]" + (f", not {', '.join(extra)}" if extra else ""))
+    values: Dict[str, object] = {}
+    for key, value in data["launcher"].items():
+        if key not in LAUNCHER_FILE_KEYS:
+            raise ConfigError(f"{where}: unknown key launcher.{key} (known: {', '.join(LAUNCHER_FILE_KEYS)})")
+        if key == "name":
+            if value not in ("slurm", "submitit-local"):
+                raise ConfigError(f"{where}: launcher.name must be \"slurm\" or \"submitit-local\", got {value!r}")
+        elif key in ("partition", "account"):
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{where}: launcher.{key} must be a non-empty string, got {value!r}")
+        elif key == "mem_gb":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{where}: launcher.mem_gb must be a number (GiB), got {value!r}")
+            value = float(value)
+        elif key == "options":
+            if not isinstance(value, dict) or not all(
+                    isinstance(v, (str, int)) and not isinstance(v, bool) for v in value.values()):
+                raise ConfigError(f"{where}: launcher.options must be a table of sbatch options (qos = \"high\"), "
+                                  f"got {value!r}")
+            value = tuple(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, bool) or not isinstance(value, int):  # time, gpus, cpus, array_parallelism
+            raise ConfigError(f"{where}: launcher.{key} must be an integer, got {value!r}")
+        values[LAUNCHER_FILE_KEYS[key]] = value
+    return values
+
+
+def launcher_settings(launcher_config: Optional[str], launcher: Optional[str], partition: Optional[str],
+                      time_min: int, gpus: int, cpus: int, mem_gb: Optional[float], account: Optional[str],
+                      parallelism: int, options: Tuple[str, ...]) -> Optional[object]:
+    """The ``--launcher`` settings (None without one): ``--launcher-config``'s values under the options given on the
+    command line; an ``--slurm-*`` setting without a launcher is refused."""
     from ..results.launchers import LauncherSettings
 
-    if launcher is None:
-        given = [name for name, value, default in (("--slurm-partition", partition, None), ("--slurm-time", time_min, 60),
-                                                   ("--slurm-gpus", gpus, 0), ("--slurm-cpus", cpus, 1),
-                                                   ("--slurm-mem-gb", mem_gb, None), ("--slurm-account", account, None),
-                                                   ("--slurm-array-parallelism", parallelism, 256),
-                                                   ("--slurm-option", options or None, None)) if value != default]
-        if given:
-            raise ConfigError(f"{', '.join(given)} need --launcher slurm (or submitit-local)")
+    given = {"launcher": launcher, "slurm_partition": partition, "slurm_time": time_min, "slurm_gpus": gpus,
+             "slurm_cpus": cpus, "slurm_mem_gb": mem_gb, "slurm_account": account,
+             "slurm_array_parallelism": parallelism, "slurm_options": options}
+    values = dict(given)
+    explicit = set(given)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:  # what the user typed (or set in the environment), not click's defaults
+        explicit = {name for name in given
+                    if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)}
+    from_file = set()
+    if launcher_config:
+        for name, value in _launcher_file(launcher_config).items():
+            if name not in explicit:
+                values[name] = value
+                from_file.add(name)
+    if values["launcher"] is None:
+        flags = [f"--{name.replace('_', '-')}" if name != "slurm_options" else "--slurm-option"
+                 for name in SLURM_PARAMS if name in explicit]
+        keys = [key for key, name in LAUNCHER_FILE_KEYS.items() if name in from_file]
+        if flags or keys:
+            what = ", ".join(flags + [f"launcher.{key} (--launcher-config)" for key in keys])
+            raise ConfigError(f"{what} need --launcher slurm (or submitit-local, or launcher.name in the file)")
         return None
     extra = {}
-    for item in options:
+    for item in values["slurm_options"]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--slurm-option {item!r}: expected KEY=VALUE (an sbatch option without its dashes)")
         extra[key.strip()] = value.strip()
-    return LauncherSettings(launcher, partition=partition, time_min=time_min, gpus_per_job=gpus, cpus_per_job=cpus,
-                            mem_gb=mem_gb, account=account, array_parallelism=parallelism, extra=extra)
+    return LauncherSettings(values["launcher"], partition=values["slurm_partition"], time_min=values["slurm_time"],
+                            gpus_per_job=values["slurm_gpus"], cpus_per_job=values["slurm_cpus"],
+                            mem_gb=values["slurm_mem_gb"], account=values["slurm_account"],
+                            array_parallelism=values["slurm_array_parallelism"], extra=extra)
 
 
 def echo_submission(results: dict, outputs: str) -> None:
@@ -163,7 +225,8 @@ def echo_submission(results: dict, outputs: str) -> None:
                    "(docs/tuning.md).")
 @friendly_errors
 def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: Tuple[str, ...], out_dir: str,
-                    jobs: int, runs_per_device: Optional[int], launcher: Optional[str], slurm_partition: Optional[str],
+                    jobs: int, runs_per_device: Optional[int], launcher: Optional[str], launcher_config: Optional[str],
+                    slurm_partition: Optional[str],
                     slurm_time: int, slurm_gpus: int, slurm_cpus: int, slurm_mem_gb: Optional[float],
                     slurm_account: Optional[str], slurm_array_parallelism: int, slurm_options: Tuple[str, ...],
                     progress: bool, tune_trials: Optional[int]) -> None:
@@ -190,8 +253,8 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
     click.echo(f"comparing {', '.join(algorithms)} over seeds {', '.join(map(str, seed_list))} -> {out_dir}"
                + (f" ({jobs} parallel jobs)" if jobs > 1 else ""))
     # a per-round bar or line only on a terminal: a log of N runs gets N lines, not N x rounds
-    settings = launcher_settings(launcher, slurm_partition, slurm_time, slurm_gpus, slurm_cpus, slurm_mem_gb,
-                                 slurm_account, slurm_array_parallelism, slurm_options)
+    settings = launcher_settings(launcher_config, launcher, slurm_partition, slurm_time, slurm_gpus, slurm_cpus,
+                                 slurm_mem_gb, slurm_account, slurm_array_parallelism, slurm_options)
     results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress and _is_terminal(),
                              algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line),
                              runs_per_device=runs_per_device, launcher=settings, tune_trials=tune_trials)

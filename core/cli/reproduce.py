@@ -66,7 +66,8 @@ def _tables(table_file: Optional[str]) -> Tuple[List, Dict[str, str]]:
 def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table_file: Optional[str],
                       rows: Optional[str], cols: Optional[str], seeds: str, scale: str, out_dir: Optional[str],
                       jobs: int, runs_per_device: Optional[int], launcher: Optional[str],
-                      slurm_partition: Optional[str], slurm_time: int, slurm_gpus: int, slurm_cpus: int,
+                      launcher_config: Optional[str], slurm_partition: Optional[str], slurm_time: int,
+                      slurm_gpus: int, slurm_cpus: int,
                       slurm_mem_gb: Optional[float], slurm_account: Optional[str], slurm_array_parallelism: int,
                       slurm_options: Tuple[str, ...], sets: tuple, tune_trials: Optional[int]) -> None:
     """Run TABLE (fl reproduce --list) and write the paper's numbers beside pflkit's.
@@ -117,8 +118,8 @@ def reproduce_command(table: Optional[str], do_list: bool, do_check: bool, table
         chosen = tables[0] if table_file else installed_table(table)
     check_table(chosen)
     out = Path(out_dir or f"reproduce-{chosen.name.replace(':', '-')}-{scale}")
-    settings = launcher_settings(launcher, slurm_partition, slurm_time, slurm_gpus, slurm_cpus, slurm_mem_gb,
-                                 slurm_account, slurm_array_parallelism, slurm_options)
+    settings = launcher_settings(launcher_config, launcher, slurm_partition, slurm_time, slurm_gpus, slurm_cpus,
+                                 slurm_mem_gb, slurm_account, slurm_array_parallelism, slurm_options)
     try:
         report = reproduce(chosen, out, rows=_names(rows, "rows") if rows else None,
                            cols=_names(cols, "cols") if cols else None, seeds=_seeds(seeds), scale=scale, jobs=jobs,

@@ -69,7 +69,10 @@ class LauncherSettings:
             if shutil.which("sbatch") is None:
                 raise ConfigError("--launcher slurm: no sbatch on this machine's PATH (is this a Slurm login node?); "
                                   "--launcher submitit-local runs the same jobs as local processes")
-            executor: Any = submitit.SlurmExecutor(folder=str(folder))
+            try:
+                executor: Any = submitit.SlurmExecutor(folder=str(folder))
+            except RuntimeError as exc:  # submitit's own check of the cluster (no srun beside sbatch)
+                raise ConfigError(f"--launcher slurm: {exc}") from None
             params: Dict[str, Any] = {"time": self.time_min, "cpus_per_task": self.cpus_per_job,
                                       "array_parallelism": self.array_parallelism, "signal_delay_s": 120}
             if self.gpus_per_job:
