@@ -599,3 +599,40 @@ def test_two_nodes_give_the_serial_numbers_and_a_lost_node_stops_the_other_with_
     assert [code for code, _, _ in done] == [0, 0], done
     assert "resuming" in done[0][1] + done[1][1]
     assert _records(run) == _records(_serial(tmp_path, "fedavg", "serial-long", rounds=logged + 3))
+
+
+# docs/scaling.md's submitit script for one run across nodes, with submitit's local executor in place of Slurm's (the
+# tasks of one job are the run's processes) and the rendezvous on 127.0.0.1
+SUBMITIT_RUN = '''
+import os, subprocess, sys
+import submitit
+
+def one_rank(args):
+    """One process of a pflkit run: submitit's task -> torch.distributed's env:// variables -> fl run."""
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"  # the test's loopback (on a cluster: the first node, as exported)
+    return subprocess.run([sys.executable, "-m", "pflkit.core.cli", "run", "--no-progress", *args]).returncode
+
+if __name__ == "__main__":
+    folder, args = sys.argv[1], sys.argv[2:]
+    executor = submitit.LocalExecutor(folder=folder)
+    executor.update_parameters(nodes=1, tasks_per_node=2, timeout_min=5)
+    job = executor.submit(one_rank, args)
+    print("exit codes:", job.results())
+'''
+
+
+@pytest.mark.slow
+def test_one_run_through_submitit_tasks_gives_the_serial_numbers(tmp_path):
+    """The documented submitit script (one job, one task per process) runs one pflkit run on two processes with the
+    serial run's numbers."""
+    pytest.importorskip("submitit")
+    cfg = _config_file(tmp_path, "fedavg")
+    ref = _serial(tmp_path, "fedavg", "serial")
+    script = tmp_path / "submit_run.py"
+    script.write_text(SUBMITIT_RUN)
+    env = {**ENV, "MASTER_PORT": str(_free_port())}
+    res = run_in_own_session([sys.executable, str(script), str(tmp_path / "jobs"), "--config", str(cfg), "--set",
+                              f"output_dir={tmp_path}", "--set", "run_name=sub"], env, 300)
+    assert res.returncode == 0 and "exit codes: [0, 0]" in res.stdout, res.stdout + res.stderr
+    assert _records(tmp_path / "sub") == _records(ref)
