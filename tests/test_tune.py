@@ -304,3 +304,23 @@ def test_a_run_pauses_after_the_round_its_on_round_callback_returns_true(tmp_pat
     assert (summary["status"], summary["rounds_completed"]) == ("interrupted", 2)
     resumed = Simulation.resume(tmp_path / "r", progress=False, tensorboard=False).run(on_round=lambda record: 1)
     assert (resumed["status"], resumed["rounds_completed"]) == ("finished", 4)  # only True pauses
+
+
+def test_ctrl_c_in_a_study_is_one_line_130_and_says_how_to_go_on(tmp_path, monkeypatch):
+    """fl tune and fl compare --tune stopped by Ctrl-C while a study runs: 130 and how to continue, not click's
+    generic line."""
+    import pflkit.core.results.tuned as tuned
+    import pflkit.core.results.tuning as tuning
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tuning, "tune", interrupted)
+    monkeypatch.setattr(tuned, "tune", interrupted)  # fl compare --tune's own reference
+    res = CliRunner().invoke(cli, ["tune", "-p", "fedavg", "--trials", "2", "--out", str(tmp_path / "t"), *TINY])
+    assert res.exit_code == 130 and "rerun the same command to continue the study in" in res.output, res.output
+    res = CliRunner().invoke(cli, ["compare", "--plugins", "fedavg", "--tune", "2", "--out", str(tmp_path / "c"),
+                                   *TINY])
+    assert res.exit_code == 130, res.output
+    assert f"rerun the same command to continue (the studies in {tmp_path / 'c' / 'tune'} go on" in res.output
+    assert "Traceback" not in res.output and "Aborted" not in res.output

@@ -255,9 +255,14 @@ def compare_command(plugins: str, seeds: str, config_file: Optional[str], sets: 
     # a per-round bar or line only on a terminal: a log of N runs gets N lines, not N x rounds
     settings = launcher_settings(launcher_config, launcher, slurm_partition, slurm_time, slurm_gpus, slurm_cpus,
                                  slurm_mem_gb, slurm_account, slurm_array_parallelism, slurm_options)
-    results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress and _is_terminal(),
-                             algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line),
-                             runs_per_device=runs_per_device, launcher=settings, tune_trials=tune_trials)
+    try:
+        results = run_comparison(algorithms, seed_list, layers, Path(out_dir), progress=progress and _is_terminal(),
+                                 algorithm_layers=algo_layers, jobs=jobs, echo=lambda line: click.echo(line),
+                                 runs_per_device=runs_per_device, launcher=settings, tune_trials=tune_trials)
+    except KeyboardInterrupt:  # --tune: a study stopped between or within trials; 130 and how to go on, as fl tune
+        click.echo(f"interrupted; rerun the same command to continue (the studies in {Path(out_dir) / 'tune'} go on "
+                   f"where they stopped, finished runs are reused)", err=True)
+        raise SystemExit(130) from None
     if settings is not None and (results["submitted"] or results["waiting"]):
         echo_submission(results, f"{Path(out_dir) / 'jobs'}/")
         return
