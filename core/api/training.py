@@ -154,23 +154,41 @@ def evaluate(forward: Callable[[torch.Tensor], torch.Tensor] | nn.Module, data: 
     modules = ([forward] if isinstance(forward, nn.Module) else []) + list(modules)
     was_training = [m.training for m in modules]
     for m in modules:
-        m.eval()
-    loss_sum = torch.zeros((), device=data.y.device)
-    metric_sum = torch.zeros((), device=data.y.device)
+        set_mode(m, False)
     try:
         if 0 < len(data) <= batch_size and data.transform is None:
-            # one batch (the common case): the split itself, no index copy; the sums land in the accumulators'
-            # dtype exactly as ``+=`` would put them there (0 + v, rounded to it)
+            # one batch (the common case): the split itself, no index copy; the sums in the accumulators' dtype
+            # (the default float dtype), rounded to it as ``0 + v`` would be
             x, y = data.x, data.y
             out = forward(x)
-            loss_sum.copy_(_loss_sum(task, out, y))
-            metric_sum.copy_(task.metric_sum(out, y))
+            dtype = torch.get_default_dtype()
+            loss_sum = _loss_sum(task, out, y).to(dtype)
+            metric_sum = task.metric_sum(out, y).to(dtype)
         else:
+            loss_sum = torch.zeros((), device=data.y.device)
+            metric_sum = torch.zeros((), device=data.y.device)
             for x, y in minibatches(data, batch_size, shuffle=False):
                 out = forward(x)
                 loss_sum += _loss_sum(task, out, y)
                 metric_sum += task.metric_sum(out, y)
     finally:
         for m, t in zip(modules, was_training):
-            m.train(t)
+            set_mode(m, t)
     return EvalResult(len(data), float(loss_sum.item()), float(metric_sum.item()))
+
+
+def set_mode(module: nn.Module, mode: bool) -> None:
+    """``module.train(mode)``: every sub-module's ``training`` flag set to ``mode``. Where no sub-module changes
+    ``train``, ``eval`` or attribute setting, the flags are written directly, and only those that differ: the same
+    flags as ``train(mode)``'s recursion, which costs as much as a small model's forward pass (once to score, once
+    to restore, for every client's evaluation)."""
+    subs = list(module.modules())
+    if not all(type(s).train is _TRAIN and type(s).eval is _EVAL and type(s).__setattr__ is _SETATTR for s in subs):
+        module.train(mode)
+        return
+    for s in subs:
+        if s.training is not mode:
+            s.__dict__["training"] = mode
+
+
+_TRAIN, _EVAL, _SETATTR = nn.Module.train, nn.Module.eval, nn.Module.__setattr__

@@ -215,6 +215,9 @@ class SerialBackend(ExecutionBackend):
         if self.batched is not None and self.batched.takes(calls):  # clients.batched: fit calls as one stack
             yield from self.batched.run(self, calls, snapshot)
             return
+        if self.batched is not None and self.batched.scores(self, calls):  # ... and evaluations as one pass
+            yield from self.batched.evaluate(self, calls)
+            return
         for cid in sorted(calls):
             yield self._run_one(cid, calls[cid], snapshot)
 

@@ -148,6 +148,8 @@ class BatchedPlan:
     stack: Optional[int] = None  # clients.stack (None: all of a round's clients on CPU, from free memory on CUDA)
     # which messages the batched form runs (the trainer class's ``batched_message``; None: ``fit`` messages)
     accepts: Optional[Callable[[Any], bool]] = field(default=None, repr=False, compare=False)
+    # why the trainer's evaluation is not scored in one batched pass (core/engine/batched_eval.py); None: it is
+    evaluation: Optional[str] = field(default="not batched", compare=False)
 
     def as_dict(self) -> Dict[str, Any]:
         return {"mode": self.mode, "path": "batched" if self.batched else "sequential", "reason": self.reason,
@@ -173,9 +175,11 @@ def decide(mode: str, trainer_cls: type, trainer_name: str, device: torch.device
             raise ConfigError(f"clients.batched=on: trainer '{trainer_name}' cannot be batched: {reason}; "
                               f"use clients.batched=auto or off")
         return BatchedPlan(mode, False, reason, stack)
+    from .batched_eval import evaluation_reason
+
     return BatchedPlan(mode, True, "clients.batched=on" if mode == "on" else
                        f"auto: {device.type} device and a trainer with a batched form", stack,
-                       getattr(trainer_cls, "batched_message", None))
+                       getattr(trainer_cls, "batched_message", None), evaluation_reason(trainer_cls))
 
 
 # -- memory bound ---------------------------------------------------------------------------------------------------
@@ -753,6 +757,10 @@ class BatchedRunner:
     groups_run: int = 0  # batched groups trained so far (tests and the benchmark read these)
     fallbacks: int = 0  # groups that raised or timed out and ran again client by client
     verified: bool = False  # the stack was checked against one client at a time (once per process: start, resume)
+    evaluations_run: int = 0  # evaluations scored in one batched pass (core/engine/batched_eval.py)
+    evaluation_fallbacks: int = 0  # batched evaluation passes that raised or timed out (scored one at a time)
+    evaluation_refused: bool = False  # a pass failed: this run evaluates one client at a time from then on
+    eval_rows: Any = field(default=None, repr=False)  # the last batched evaluation's rows, laid out (a RowCache)
     _bound: Optional[int] = field(default=None, repr=False)
     _bound_known: bool = field(default=False, repr=False)
 
@@ -761,6 +769,20 @@ class BatchedRunner:
         ``fit``, unless the trainer's ``batched_message`` says otherwise)."""
         accepts = self.plan.accepts or _fit_message
         return self.plan.batched and len(calls) > 1 and all(accepts(c.message) for c in calls.values())
+
+    def scores(self, backend: Any, calls: Dict[int, Any]) -> bool:
+        """Whether these calls are evaluations scored in one batched pass (core/engine/batched_eval.py)."""
+        from . import batched_eval
+
+        return batched_eval.takes(self, backend, calls)
+
+    def evaluate(self, backend: Any, calls: Dict[int, Any]) -> Iterator[Any]:
+        """The results of evaluate ``calls`` that ``scores`` accepted, in client order."""
+        from . import batched_eval
+
+        if self.eval_rows is None:
+            self.eval_rows = batched_eval.RowCache()
+        return batched_eval.run(self, backend, calls)
 
     def bound(self, trainer: LocalSGDTrainer, form: BatchedForm) -> Optional[int]:
         if not self._bound_known:
