@@ -22,7 +22,7 @@ _EXPORTS: Dict[str, str] = {
     "Algorithm": ".api.algorithm",
     "ClientTrainer": ".api.client", "LocalSGDTrainer": ".api.client", "ClientContext": ".api.client",
     "ServerAggregator": ".api.server", "GlobalModelAggregator": ".api.server", "ServerContext": ".api.server",
-    "SetupStep": ".api.server",
+    "SetupStep": ".api.server", "SharedArtifacts": ".api.artifacts",
     "Param": ".api.params", "positive": ".api.params", "non_negative": ".api.params",
     "unit_interval": ".api.params", "open_unit_interval": ".api.params", "Space": ".api.space",
     "Task": ".api.task", "classification": ".api.task", "regression": ".api.task",

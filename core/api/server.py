@@ -20,6 +20,7 @@ import torch
 from easydict import EasyDict
 from torch import nn
 
+from .artifacts import SharedArtifacts
 from .params import ParamSpec
 from .protocol import Message
 from .serverstore import ServerClientStore, ServerStores
@@ -58,6 +59,8 @@ class ServerContext:
     # the server's per-client stores (core.api.serverstore; the run sets their budget, spill folder and checkpointing);
     # an aggregator reaches them with ``ServerAggregator.client_store(name)``
     stores: ServerStores = field(default_factory=ServerStores)
+    # set-up results runs may share (core.api.artifacts): PCFL's flow trained once for every seed; by default none
+    artifacts: SharedArtifacts = field(default_factory=SharedArtifacts)
 
 
 class ServerAggregator:

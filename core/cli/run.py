@@ -28,13 +28,21 @@ INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C
 @click.option("--workers", type=int, default=None, metavar="N",
               help="Run the clients in N local processes (torch.distributed: gloo, plus NCCL on GPUs); same "
                    "numbers as one process.")
+@click.option("--artifacts", "artifacts_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Share set-up results with other runs through DIR (e.g. PCFL's flow with a fixed "
+                   "aggregator.flow_seed: trained once, loaded by the next run; docs/reproducing.md). fl compare "
+                   "and fl reproduce share through OUT/artifacts.")
 @friendly_errors
 def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[str, ...],
-                resume_dir: Optional[str], no_progress: bool, workers: Optional[int]) -> None:
+                resume_dir: Optional[str], no_progress: bool, workers: Optional[int],
+                artifacts_dir: Optional[str]) -> None:
     """Run a federated experiment (Ctrl-C stops after the current round and leaves a resumable run)."""
     from ..engine.simulation import Simulation
 
     if workers is not None or _torchrun_endpoint() is not None:
+        if artifacts_dir:
+            raise ConfigError("--artifacts: a distributed run (--workers, torchrun) shares no set-up results: its "
+                              "processes must all take the same path; run without --artifacts")
         try:
             code = _run_distributed(plugin, config_file, sets, resume_dir, no_progress, workers)
         except KeyboardInterrupt:  # before any process started (later ones are handled where they happen)
@@ -42,12 +50,14 @@ def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[s
             code = INTERRUPTED
         _finish(code)
     sim = None
+    shared = Path(artifacts_dir) if artifacts_dir else None
     try:
         if resume_dir:
             if plugin or config_file:
                 raise ConfigError("--resume continues a run with its saved config; do not combine it with "
                                   "--plugin or --config (--set may change resume-safe keys such as rounds)")
-            sim = Simulation.resume(Path(resume_dir), overrides=parse_sets(sets), progress=not no_progress)
+            sim = Simulation.resume(Path(resume_dir), overrides=parse_sets(sets), progress=not no_progress,
+                                    artifacts_dir=shared)
             click.echo(f"resuming {sim.run_dir} after round {sim.completed_round}")
         else:
             layers = []
@@ -57,7 +67,7 @@ def run_command(plugin: Optional[str], config_file: Optional[str], sets: Tuple[s
             if plugin is None and not any("algorithm" in layer for layer in layers):
                 raise ConfigError("name an algorithm: fl run --plugin NAME (fl list algorithms shows them)")
             cfg = resolve(layers, algorithm=plugin)
-            sim = Simulation(cfg, progress=not no_progress)
+            sim = Simulation(cfg, progress=not no_progress, artifacts_dir=shared)
             click.echo(f"run directory: {sim.run_dir}")
     except KeyboardInterrupt:
         if sim is not None:  # built, not run: a fresh run's directory goes (nothing half-made stays)

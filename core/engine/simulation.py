@@ -41,7 +41,9 @@ from .resume import ResumePoint, check_partition, load_resume_point, record_resu
 from .rounds import RoundLoop, RunFailure
 from ..storage.rundir import RunDirectory, default_run_dir, saved_splits
 from ..common.seeding import derive_seed, rng_state, seed_everything, set_rng_state
+from ..api.artifacts import SharedArtifacts
 from ..api.server import ServerContext
+from ..storage.artifacts import ArtifactFolder, run_key
 
 # RunFailure, strict_json and default_run_dir live in rounds, reporting and rundir; importable from here as before
 __all__ = ["Simulation", "RunFailure", "resolve_device", "make_model_factory", "check_model_fits_data",
@@ -168,9 +170,10 @@ class Simulation(RoundLoop):
 
     def __init__(self, cfg: EasyDict, run_dir: Optional[Path] = None, backend: Optional[ExecutionBackend] = None,
                  data: Optional[FederatedData] = None, progress: bool = False, tensorboard: bool = True,
-                 _resume: Optional[ResumePoint] = None):
+                 _resume: Optional[ResumePoint] = None, artifacts_dir: Optional[Path] = None):
         self.cfg = cfg
         self.progress = progress
+        self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None  # core.api.artifacts
         self.device = resolve_device(cfg.device)
         # a distributed run replicates this loop on every process; only the writer (rank 0) writes the run directory
         self.is_writer = bool(getattr(backend, "is_writer", True))
@@ -276,7 +279,8 @@ class Simulation(RoundLoop):
             num_clients=len(self.client_ids), build_model=self.build_model, shared_keys=shared_keys,
             device=self.device, seed=cfg.seed, logger=self.logger, rng=np.random.default_rng(cfg.seed),
             data_info={"dataset": cfg.dataset.name, "input_shape": tuple(self.data.bundle.input_shape),
-                       "meta": self.data.bundle.meta}, stores=self.server_stores)
+                       "meta": self.data.bundle.meta}, stores=self.server_stores,
+            artifacts=self._shared_artifacts(self.artifacts_dir, rank))
         self.server = self.aggregator_cls(self.server_ctx)
         # the aggregator's declared mean fields are folded as replies arrive (streaming aggregation); with
         # distributed.exact false each rank folds its own clients and the ranks all-reduce the sums; .get: a run
@@ -317,6 +321,27 @@ class Simulation(RoundLoop):
             self.backend.use_batched(BatchedRunner(plan, self.device))
         return plan
 
+    def _shared_artifacts(self, folder: Optional[Path], rank: Any) -> SharedArtifacts:
+        """The run's shared set-up results (core.api.artifacts): through ``folder`` when given, except in a
+        distributed run, whose ranks must all take the same path (one might find a file another did not)."""
+        if folder is None or isinstance(rank, int):
+            return SharedArtifacts()
+        key = run_key(self.cfg, self.partition_sha256, (self.aggregator_cls, self.trainer_cls))
+        return ArtifactFolder(Path(folder), key, run_dir=self.run_dir, meter=self._artifact_meter,
+                              replay=self._artifact_replay)
+
+    def _artifact_meter(self) -> Dict[str, int]:
+        """Messages sent in this phase so far and the run's traffic so far (totals and this phase's)."""
+        traffic = self.comm.traffic
+        return {"calls": int(self.comm._calls), "bytes_up": int(self.totals["bytes_up"] + traffic.bytes_up),
+                "bytes_down": int(self.totals["bytes_down"] + traffic.bytes_down)}
+
+    def _artifact_replay(self, cost: Mapping[str, int]) -> None:
+        """Count the messages a loaded result replaced as sent (their numbers seed the clients' later calls)."""
+        self.comm._calls += int(cost["calls"])
+        self.comm.traffic.bytes_up += int(cost["bytes_up"])
+        self.comm.traffic.bytes_down += int(cost["bytes_down"])
+
     # -- resume ------------------------------------------------------------------------------------------------
     @classmethod
     def resume(cls, run_dir: Path, overrides: Optional[Dict[str, Any]] = None, **kwargs) -> "Simulation":
@@ -348,6 +373,9 @@ class Simulation(RoundLoop):
             "totals": dict(self.totals),
             "failures": list(self.failures),
             "rng": rng_state(),
+            **({"shared_artifacts": {"events": list(self.server_ctx.artifacts.events),
+                                     "pending": dict(self.server_ctx.artifacts.pending)}}
+               if self.server_ctx.artifacts.events or self.server_ctx.artifacts.pending else {}),
         }
 
     def _restore(self, state: Dict[str, Any]) -> None:
@@ -378,6 +406,9 @@ class Simulation(RoundLoop):
         self.setup_done = bool(state["setup_done"])
         self.setup_calls = int(state.get("setup_calls", 0))
         self.totals = dict(state["totals"])
+        shared = state.get("shared_artifacts") or {}
+        self.server_ctx.artifacts.events[:0] = [dict(e) for e in shared.get("events", [])]
+        self.server_ctx.artifacts.pending.update({str(k): dict(v) for k, v in shared.get("pending", {}).items()})
         self.failures = list(state["failures"])
         set_rng_state(state["rng"])
         self._checkpointed_round = self.completed_round
@@ -418,6 +449,8 @@ class Simulation(RoundLoop):
             "clients_batched": self.batched_plan.as_dict(),
             "clients_state": dict(self.client_state_plan),
             "checkpoint_bytes": self._checkpoint_bytes(),
+            **({"shared_artifacts": list(self.server_ctx.artifacts.events)}
+               if self.server_ctx.artifacts.events else {}),
         }
 
     def _checkpoint_bytes(self) -> Optional[int]:

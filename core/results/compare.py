@@ -49,6 +49,7 @@ from ..engine.config import parse_sets, resolve, to_plain, without_neutral_defau
 from ..common.errors import CheckpointError, ConfigError
 from ..storage.rundata import (JSON_LIMIT, METRICS_LIMIT, METRICS_NAME, PLOT_LIMIT, finished_run_problem, read_json, read_config, selected_values,
                                read_records, read_summary)
+from ..common.userkey import verify_key
 from ..common.safefiles import read_regular, write_atomic
 from .placement import Placement, pin_worker, plan_placement
 
@@ -133,30 +134,6 @@ def _file_digests(run_dir: Path) -> Dict[str, str]:
         except OSError as exc:
             raise CheckpointError(f"{run_dir / name} cannot be read ({exc.strerror or exc})") from None
     return out
-
-
-def verify_key() -> bytes:
-    """This user's secret key for ``verified.json`` (created once, readable by the user alone): the state folder
-    ``$PFLKIT_STATE`` (default ``$XDG_STATE_HOME/pflkit`` or ``~/.local/state/pflkit``), file ``verify.key``. A digest
-    keyed with it cannot be recomputed by someone who edits a run's files without the key, as a plain sha256 can."""
-    base = os.environ.get("PFLKIT_STATE") or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"), "pflkit")
-    path = Path(base) / "verify.key"
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except (OSError, ValueError):
-        pass
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(os.urandom(32).hex())
-    except FileExistsError:
-        pass  # another process made it meanwhile: read theirs
-    except OSError as exc:
-        raise CheckpointError(f"cannot create the key that verifies finished runs, {path} ({exc.strerror or exc}); "
-                              f"set PFLKIT_STATE to a writable folder") from None
-    return bytes.fromhex(path.read_text().strip())
 
 
 def _keyed(digests: Mapping[str, str]) -> str:
@@ -385,6 +362,9 @@ def _one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+ARTIFACTS_DIR = "artifacts"  # OUT/artifacts: the set-up results a comparison's runs share
+
+
 def _execute(cfg: Any, run_dir: Path, state: Optional[str], progress: bool,
              on_setup: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Run (state None) or resume (state 'resume') one run; its summary. Each run logs to TensorBoard in its own
@@ -392,9 +372,15 @@ def _execute(cfg: Any, run_dir: Path, state: Optional[str], progress: bool,
     receives the run's set-up lines (a set-up can take minutes without a round line)."""
     from ..engine.simulation import Simulation
 
+    shared = artifacts_of(Path(run_dir))
     if state == "resume":
-        return Simulation.resume(run_dir, progress=progress).run(on_setup=on_setup)
-    return Simulation(cfg, run_dir=run_dir, progress=progress).run(on_setup=on_setup)
+        return Simulation.resume(run_dir, progress=progress, artifacts_dir=shared).run(on_setup=on_setup)
+    return Simulation(cfg, run_dir=run_dir, progress=progress, artifacts_dir=shared).run(on_setup=on_setup)
+
+
+def artifacts_of(run_dir: Path) -> Path:
+    """Where a comparison's runs (``OUT/runs/NAME``) share set-up results (core.api.artifacts): ``OUT/artifacts``."""
+    return run_dir.parent.parent / ARTIFACTS_DIR
 
 
 def _reason(exc: BaseException) -> str:

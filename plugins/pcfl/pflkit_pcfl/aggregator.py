@@ -45,6 +45,7 @@ log = logging.getLogger("pflkit")
 # the flow's two phases (Algorithm 1: g fitted first, then h with g frozen), as set-up progress names them
 FLOW_LOSS_NAMES = {"recon": "reconstruction loss of g", "nll": "NLL of h"}
 FLOW_TRAININGS = ("algorithm1", "authors")
+SHARED_FLOW = "pcfl-flow"  # the trained flow's name among the run's shared artifacts (core.api.artifacts)
 
 AGGREGATOR_PARAMS = {
     "latent_dim": Param(None, "manifold dimension d' (Eq. 8); default: the paper's value for the dataset (pcfl_sine "
@@ -73,6 +74,13 @@ AGGREGATOR_PARAMS = {
                                  "CIFAR-10 and FEMNIST)", check=positive),
     "flow_lr": Param(3e-4, "Adam learning rate of the flow (authors' CIFAR-10 script: 3e-4; their synthetic run "
                            "uses 1e-2)", check=positive),
+    "flow_seed": Param(None, "seed of the flow's initialisation, pass order and mini-batches; null: the run's seed "
+                             "(every seed trains its own flow); a fixed value gives every run the same flow, as the "
+                             "authors train it once (train_manifold.py) and load it in each classification run. Runs "
+                             "given a shared folder (fl compare, fl reproduce: OUT/artifacts; fl run --artifacts "
+                             "DIR) train a flow once and load it where the flow's seed, options, data and code are "
+                             "the same", type=int,
+                       check=lambda v: None if v is None or v >= 0 else "must be >= 0"),
     "flow_join_ratio": Param(0.1, "fraction of clients drawn for each flow step (Algorithm 1, line 2: 'a subset')",
                              check=open_unit_interval),
     "flow_transforms": Param(4, "coupling layers of the outer flow g (and of h, see flow_inner_transforms)",
@@ -120,8 +128,10 @@ class PcflServerMixin:
         super().__init__(ctx)
         hp = ctx.hp
         self.arch = flow_arch(hp, ctx.data_info, ctx.task, str(ctx.cfg.dataset.name))
+        # the flow's own seed: the run's, or aggregator.flow_seed (one flow for every run, the authors' protocol)
+        self.flow_seed = int(hp.flow_seed) if hp.get("flow_seed") is not None else int(ctx.seed)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(ctx.seed, "pcfl-flow-init"))
+            torch.manual_seed(derive_seed(self.flow_seed, "pcfl-flow-init"))
             self.flow = build_flow(self.arch, ctx.device)
         self.authors = hp.flow_training == "authors"
         if self.authors:  # one AdamW for both phases = their fresh one per phase: the phases' parameters are
@@ -131,6 +141,7 @@ class PcflServerMixin:
         else:
             self.flow_opt = torch.optim.Adam(self.flow.parameters(), lr=float(hp.flow_lr))
         self.flow_step = 0
+        self.flow_done = False  # trained here or loaded from a shared artifact
         self.flow_sizes: Dict[int, int] = {}  # authors' schedule: each client's training rows
         self.regions_done = False
         n = ctx.num_clients
@@ -142,12 +153,18 @@ class PcflServerMixin:
     # -- set-up --------------------------------------------------------------------------------------------
     def setup_steps(self, comm) -> Iterator[SetupStep]:
         """Algorithm 1, then Algorithm 2 lines 1-2; yields after each resumable block (see core simulation) a
-        line with the block's mean losses; progress is counted in flow steps plus one for the regions."""
-        if self.authors:
-            yield from self._authors_flow(comm)
+        line with the block's mean losses; progress is counted in flow steps plus one for the regions. A flow
+        another run trained with the same seed, options, data and code (``ctx.artifacts``) is loaded instead."""
         total, block = int(self.ctx.hp.flow_epochs), int(self.ctx.hp.setup_block)
         units = total + 1
-        while not self.authors and self.flow_step < total:
+        if self.authors:
+            units = int(self.ctx.hp.flow_recon_epochs) + int(self.ctx.hp.flow_density_epochs) + 1
+        if not self.flow_done and self.flow_step == 0 and self._load_shared_flow():
+            yield SetupStep(f"PCFL flow loaded from a shared artifact ({self.shared_from}), not trained again: the "
+                            f"same flow seed ({self.flow_seed}), options, data and code", units - 1, units)
+        if self.authors and not self.flow_done:
+            yield from self._authors_flow(comm)
+        while not self.authors and not self.flow_done and self.flow_step < total:
             first, stop = self.flow_step, min(total, self.flow_step + block)
             losses: Dict[str, list] = {}
             while self.flow_step < stop:
@@ -156,8 +173,9 @@ class PcflServerMixin:
             means = ", ".join(f"{FLOW_LOSS_NAMES[p]} {np.mean(v):.4f}" for p, v in losses.items())
             yield SetupStep(f"PCFL flow steps {first + 1}-{stop} of {total} (Algorithm 1): mean {means}",
                             stop, units)
-        if self.authors:
-            units = int(self.ctx.hp.flow_recon_epochs) + int(self.ctx.hp.flow_density_epochs) + 1
+        if not self.flow_done:
+            self.flow_done = True
+            self.ctx.artifacts.save(SHARED_FLOW, self._shared_key(), self._shared_tensors())
         if not self.regions_done:
             self._regions(comm)
             self.regions_done = True
@@ -191,7 +209,7 @@ class PcflServerMixin:
             phase, k, length = ("recon", epoch, recon) if epoch < recon else ("nll", epoch - recon, density)
             lr = float(hp.flow_lr) * (1 + math.cos(math.pi * k / length)) / 2 if length > 1 else float(hp.flow_lr)
             order = torch.randperm(pooled, generator=torch.Generator().manual_seed(
-                derive_seed(self.ctx.seed, "pcfl-flow-pass", epoch)))
+                derive_seed(self.flow_seed, "pcfl-flow-pass", epoch)))
             losses = []
             for b in range(first, per_pass):
                 rows = order[b * batch:(b + 1) * batch]
@@ -205,6 +223,39 @@ class PcflServerMixin:
                 self.ctx.logger.log_scalar(f"pcfl/flow/{phase}", float(np.mean(losses)),
                                            step=epoch + 1 - (recon + density))
 
+    # -- the flow shared between runs (core.api.artifacts) ------------------------------------------------------
+    def _shared_key(self) -> Dict[str, Any]:
+        """What determines the trained flow besides the data and code (which the core adds): the architecture,
+        every aggregator option but those read only after the flow (routing, figure, checkpoint blocks), and the
+        flow's seed."""
+        hp = {k: v for k, v in self.ctx.hp.items() if k not in ("alpha_average", "figure", "setup_block")}
+        return {"arch": self.arch, "aggregator": hp, "flow_seed": self.flow_seed}
+
+    def _shared_tensors(self) -> Dict[str, torch.Tensor]:
+        losses = {f"report.{k}": torch.tensor(float(v), dtype=torch.float64)
+                  for k, v in self.report.items() if k.startswith("flow_")}
+        return {**{f"flow.{k}": v for k, v in self._flow_state().items()}, **losses}
+
+    def _load_shared_flow(self) -> bool:
+        """Load a flow trained by another run sharing this one's artifacts folder; False when there is none."""
+        tensors = self.ctx.artifacts.load(SHARED_FLOW, self._shared_key())
+        if tensors is None:
+            return False
+        state = {k[len("flow."):]: v for k, v in tensors.items() if k.startswith("flow.")}
+        own = self.flow.state_dict()
+        if set(state) != set(own) or any(state[k].shape != own[k].shape or state[k].dtype != own[k].dtype
+                                         for k in own):
+            log.warning("PCFL: the shared flow does not fit this run's flow (keys, shapes or dtypes); training it")
+            return False
+        with torch.no_grad():
+            for k, v in state.items():
+                own[k].copy_(v.to(own[k].device))
+        self.report.update({k[len("report."):]: float(v) for k, v in tensors.items() if k.startswith("report.")})
+        events = self.ctx.artifacts.events
+        self.shared_from = events[-1].get("made_by") or "another run" if events else "another run"
+        self.flow_done = True
+        return True
+
     def _flow_state(self) -> Dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.flow.state_dict().items()}
 
@@ -213,10 +264,14 @@ class PcflServerMixin:
         hp, t = self.ctx.hp, self.flow_step
         phase = "recon" if t < total / 2 else "nll"
         ids = list(comm.client_ids)
-        rng = np.random.default_rng(derive_seed(self.ctx.seed, "pcfl-flow-step", t))
+        rng = np.random.default_rng(derive_seed(self.flow_seed, "pcfl-flow-step", t))
         m = max(1, min(len(ids), int(round(float(hp.flow_join_ratio) * len(ids)))))
         chosen = sorted(int(c) for c in rng.choice(ids, size=m, replace=False))
-        loss = self._flow_update(comm, phase, {c: {} for c in chosen})
+        # with a fixed flow seed the clients draw their mini-batches from it too (else from their own generator,
+        # seeded by the run's seed), so the flow is the same in every run
+        fixed = self.ctx.hp.get("flow_seed") is not None
+        loss = self._flow_update(comm, phase, {c: ({"batch_seed": derive_seed(self.flow_seed, "pcfl-flow-batch", t, c)}
+                                                   if fixed else {}) for c in chosen})
         if self.ctx.logger is not None:
             self.ctx.logger.log_scalar(f"pcfl/flow/{phase}", loss, step=t + 1 - total)
         return phase, loss
@@ -345,7 +400,8 @@ class PcflServerMixin:
     def state_dict(self) -> Dict[str, Any]:
         return {"base": super().state_dict(),
                 "pcfl": {"flow": self._flow_state(), "flow_opt": self.flow_opt.state_dict(),
-                         "flow_step": self.flow_step, "flow_sizes": dict(self.flow_sizes),
+                         "flow_step": self.flow_step, "flow_done": self.flow_done,
+                         "flow_sizes": dict(self.flow_sizes),
                          "regions_done": self.regions_done,
                          "counts": self.counts.clone(), "report": dict(self.report),
                          "report_pending": self.report_pending}}
@@ -356,6 +412,8 @@ class PcflServerMixin:
         self.flow.load_state_dict(own["flow"])
         self.flow_opt.load_state_dict(own["flow_opt"])
         self.flow_step = int(own["flow_step"])
+        # .get: a checkpoint from before the key existed is done once its regions are (or resumes the training)
+        self.flow_done = bool(own.get("flow_done", own["regions_done"]))
         self.flow_sizes = {int(c): int(n) for c, n in own.get("flow_sizes", {}).items()}
         self.regions_done = bool(own["regions_done"])
         self.counts = own["counts"].clone()

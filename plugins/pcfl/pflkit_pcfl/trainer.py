@@ -7,7 +7,7 @@ builds ``PCFL[BTrainer] = (PcflClientMixin, BTrainer)``, whose messages are the 
 set-up (round 0, see aggregator.py)
   ``pcfl_flow_size`` {} -> {n}
         the number of training rows (only for ``aggregator.flow_training = authors``: pooled epochs are cut from it).
-  ``pcfl_flow_grad`` {flow, arch, phase, batch_size, [rows], [objective]} -> {grads, loss, n}
+  ``pcfl_flow_grad`` {flow, arch, phase, batch_size, [rows], [batch_seed], [objective]} -> {grads, loss, n}
         Algorithm 1 lines 4-10: one mini-batch (``batch_size`` rows the client draws, or the server's ``rows`` of a
         pooled batch), the gradient of the reconstruction loss w.r.t. g (phase 'recon') or of the NLL w.r.t. h with
         g fixed (phase 'nll'); ``objective`` 'authors' uses the authors' loss weights.
@@ -439,8 +439,10 @@ class PcflClientMixin:
         ``batch_size`` rows drawn by the client (Algorithm 1 line 4)."""
         n = self.ctx.num_train
         rows = payload.get("rows")
-        if rows is None:
-            return torch.randperm(n, generator=self.ctx.generator)[: int(payload["batch_size"])]
+        if rows is None:  # the server's batch_seed with a fixed aggregator.flow_seed, else this call's generator
+            seed = payload.get("batch_seed")
+            gen = self.ctx.generator if seed is None else torch.Generator().manual_seed(int(seed))
+            return torch.randperm(n, generator=gen)[: int(payload["batch_size"])]
         if not isinstance(rows, torch.Tensor) or rows.dtype != torch.long or rows.ndim != 1 or not len(rows) \
                 or bool(((rows < 0) | (rows >= n)).any()):
             raise ValueError(f"pcfl_flow_grad: 'rows' must be a non-empty 1-D int64 tensor of indices in [0, {n})")

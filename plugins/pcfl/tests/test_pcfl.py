@@ -606,3 +606,98 @@ def test_authors_schedule_lr_is_their_cosine_per_phase_and_clips(tmp_path, tiny_
         cosine.step()
     assert [lrs[0], lrs[per_pass]] == pytest.approx(expected) and lrs[2 * per_pass] == pytest.approx(0.01)
     assert max(norms) <= 0.001 * (1 + 1e-5)  # every step's gradient clipped to flow_clip
+
+
+# -- one flow shared by the runs of a comparison (aggregator.flow_seed, core.api.artifacts) --------------------------
+def _rows(run_dir):
+    """metrics.jsonl without the timings (everything else must be equal)."""
+    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if "seconds" not in k and "time" not in k} for r in rows]
+
+
+@pytest.mark.parametrize("schedule", ["authors", "algorithm1"])
+def test_a_shared_flow_is_trained_once_and_loading_it_changes_no_number(tmp_path, tiny_sine, schedule):
+    """The first run trains the flow and saves it; a second run with the same flow seed loads it, sends no flow
+    message, and gives every number of a run that trained it itself -- metrics, traffic totals (the loaded flow
+    counts the messages it replaced), the synthetic samples (their seeds follow the message numbers)."""
+    layer = _authors(tiny_sine) if schedule == "authors" else tiny_sine
+    layer["partition"]["seed"] = 0  # the same clients' data for both seeds (the flow is trained on it)
+    shared = tmp_path / "artifacts"
+    maker, made = run_sim(tmp_path, layer, ["aggregator.flow_seed=7"], name="maker", artifacts_dir=shared)
+    assert [e["action"] for e in made["shared_artifacts"]] == ["saved"]
+    assert len(list(shared.glob("pcfl-flow-*.pt"))) == 1
+    backend = RecordingBackend()
+    user, used = run_sim(tmp_path, layer, ["aggregator.flow_seed=7", "seed=3"], name="user", artifacts_dir=shared,
+                         backend=backend)
+    plain, alone = run_sim(tmp_path, layer, ["aggregator.flow_seed=7", "seed=3"], name="plain")
+    assert [e["action"] for e in used["shared_artifacts"]] == ["loaded"]
+    assert used["shared_artifacts"][0]["made_by"] == str(tmp_path / "maker")
+    assert "shared_artifacts" not in alone
+    assert not [m for _, m, _ in backend.log if m.kind in ("pcfl_flow_grad", "pcfl_flow_size")]
+    for key, value in _server_state(plain)["flow"].items():  # seed 3 trains seed 0's flow: the flow seed is 7
+        assert torch.equal(value, _server_state(user)["flow"][key])
+        assert torch.equal(value, _server_state(maker)["flow"][key])
+    assert _rows(tmp_path / "user") == _rows(tmp_path / "plain")
+    assert used["final"] == alone["final"] and used["best"] == alone["best"]
+    assert used["bytes_up_total"] == alone["bytes_up_total"] and used["bytes_down_total"] == alone["bytes_down_total"]
+    for cid in plain.client_ids:
+        assert torch.equal(plain.backend.get_state(cid)["pcfl"]["syn_x"], user.backend.get_state(cid)["pcfl"]["syn_x"])
+
+
+def test_without_a_flow_seed_each_seed_trains_its_own_flow(tmp_path, tiny_sine):
+    shared = tmp_path / "artifacts"
+    a, first = run_sim(tmp_path, tiny_sine, ["seed=0"], name="a", artifacts_dir=shared)
+    b, second = run_sim(tmp_path, tiny_sine, ["seed=1"], name="b", artifacts_dir=shared)
+    again, third = run_sim(tmp_path, tiny_sine, ["seed=1", "trainer.alpha=0.25"], name="c", artifacts_dir=shared)
+    assert [e["action"] for e in second["shared_artifacts"]] == ["saved"]
+    assert len(list(shared.glob("pcfl-flow-*.pt"))) == 2
+    assert not all(torch.equal(v, _server_state(b)["flow"][k]) for k, v in _server_state(a)["flow"].items())
+    # another trainer option, the same flow seed and flow options: seed 1's flow is loaded
+    assert [e["action"] for e in third["shared_artifacts"]] == ["loaded"]
+    # another flow option: trained anew
+    _, fourth = run_sim(tmp_path, tiny_sine, ["seed=1", "aggregator.flow_lr=0.02"], name="d", artifacts_dir=shared)
+    assert [e["action"] for e in fourth["shared_artifacts"]] == ["saved"]
+
+
+def test_a_shared_flow_made_across_a_resume_records_its_whole_cost(tmp_path, tiny_sine):
+    shared = tmp_path / "artifacts"
+    cut = Simulation(pcfl_cfg(tiny_sine), run_dir=tmp_path / "cut", tensorboard=False, artifacts_dir=shared)
+    assert cut.run(stop_in_setup=1)["interrupted"]
+    assert not list(shared.glob("*.pt"))
+    Simulation.resume(tmp_path / "cut", tensorboard=False, artifacts_dir=shared).run()
+    _, whole = run_sim(tmp_path, tiny_sine, name="whole")
+    _, loaded = run_sim(tmp_path, tiny_sine, name="loaded", artifacts_dir=shared)
+    assert [e["action"] for e in loaded["shared_artifacts"]] == ["loaded"]
+    assert loaded["bytes_down_total"] == whole["bytes_down_total"] and loaded["final"] == whole["final"]
+    assert _rows(tmp_path / "loaded") == _rows(tmp_path / "whole")
+
+
+def test_a_damaged_or_foreign_shared_flow_is_ignored_and_trained_again(tmp_path, tiny_sine, caplog):
+    shared = tmp_path / "artifacts"
+    run_sim(tmp_path, tiny_sine, name="maker", artifacts_dir=shared)
+    (path,) = shared.glob("pcfl-flow-*.pt")
+    path.write_bytes(b"not a torch file")
+    _, out = run_sim(tmp_path, tiny_sine, name="again", artifacts_dir=shared)
+    assert [e["action"] for e in out["shared_artifacts"]] == ["saved"]
+    assert "ignored" in caplog.text
+    # a file of the right format whose key is another run's (renamed onto this key's name) is not trusted either
+    other = tmp_path / "other"
+    run_sim(tmp_path, tiny_sine, ["aggregator.flow_lr=0.02"], name="other", artifacts_dir=other)
+    (foreign,) = other.glob("pcfl-flow-*.pt")
+    path.write_bytes(foreign.read_bytes())
+    _, out = run_sim(tmp_path, tiny_sine, name="third", artifacts_dir=shared)
+    assert [e["action"] for e in out["shared_artifacts"]] == ["saved"]
+    assert "made for another key" in caplog.text
+
+
+def test_the_seeds_of_a_comparison_share_one_flow(tmp_path, tiny_sine):
+    from pflkit.core import run_comparison
+
+    layer = _authors(tiny_sine)
+    layer["partition"]["seed"] = 0
+    layer["aggregator"]["flow_seed"] = 0
+    run_comparison(["pcfl"], [0, 1], [layer], tmp_path / "out")
+    actions = {p.parent.name: [e["action"] for e in json.loads(p.read_text())["shared_artifacts"]]
+               for p in (tmp_path / "out" / "runs").glob("*/summary.json")}
+    assert sorted(actions.values()) == [["loaded"], ["saved"]]
+    assert len(list((tmp_path / "out" / "artifacts").glob("pcfl-flow-*.pt"))) == 1
