@@ -223,7 +223,7 @@ def test_reproduce_tune_reports_the_tuned_rows_beside_the_paper(tmp_path):
     (tmp_path / "tiny.toml").write_text(TINY_TABLE)
     out = tmp_path / "out"
     res = CliRunner().invoke(cli, ["reproduce", "--table-file", str(tmp_path / "tiny.toml"), "--scale", "quick",
-                                   "--cols", "mean,pooled", "--seeds", "0", "--tune", "2", "--out", str(out)])
+                                   "--cols", "mean,pooled,third", "--seeds", "0", "--tune", "2", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "pflkit tuned (selected round)" in res.output and "Kendall's tau between pflkit's orders" in res.output
     rows = {(r["row"], r["column"]): r for r in csv.DictReader((out / "results.csv").open())}
@@ -237,6 +237,15 @@ def test_reproduce_tune_reports_the_tuned_rows_beside_the_paper(tmp_path):
         assert float(rows[row, "pooled"]["tuned_mean"]) == pytest.approx(
             100 * summary["selected_weighted"]["weighted"], abs=0.006)  # a weighted column reads selected_weighted
     assert rows["fedavg", "mean"]["tuned_vs_untuned_kendall_tau"] in ("1.00", "-1.00")
+    # a per-client column reads each client's own validation-selected test accuracy (its personal model's early
+    # stopping), never the mean over the clients: over all clients it is the run's own selected_per_client
+    from pflkit.core.results.reproduce import _selected_clients
+
+    run_dir = Path(comparison["fedavg tuned"]["runs"][0]["run_dir"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert _selected_clients(run_dir, [0, 1, 2]) == pytest.approx(summary["selected_per_client"]["uniform"], abs=1e-12)
+    assert float(rows["fedavg", "third"]["tuned_mean"]) == pytest.approx(100 * _selected_clients(run_dir, [2]),
+                                                                         abs=0.006)
 
 
 def test_every_installed_algorithms_ranges_are_values_its_options_accept():

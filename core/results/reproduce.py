@@ -152,6 +152,7 @@ _SUMMARY_KEYS = {"best_weighted": (None, "best_weighted", "weighted"),
                  "best_global_uniform": ("global", "best", "uniform"),
                  "best_global_weighted": ("global", "best_weighted", "weighted")}
 NO_GLOBAL_MODEL = "no global model"
+SELECTED_CLIENTS = "selected_clients"  # --tune, a per-client column: each client's test metric at its best validation
 
 
 def _run_value(run: Mapping[str, Any], key: str, clients: Optional[Sequence[int]] = None) -> Optional[float]:
@@ -166,6 +167,8 @@ def _run_value(run: Mapping[str, Any], key: str, clients: Optional[Sequence[int]
         scope = summary.get(section) if section else summary
         value = ((scope or {}).get(part) or {}).get(name) if isinstance(scope, Mapping) else None
         return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    if key == SELECTED_CLIENTS:
+        return _selected_clients(Path(run["run_dir"]), clients or ())
     if key == "final_clients":
         summary = read_summary(Path(run["run_dir"])) or {}
         per_client = (summary.get("final") or {}).get("per_client") or {}
@@ -178,6 +181,38 @@ def _run_value(run: Mapping[str, Any], key: str, clients: Optional[Sequence[int]
             if isinstance(r.get(f"{run['metric']}/{stat}"), (int, float))]
     last = rows[-int(run["final_k"]):]
     return sum(r[f"{run['metric']}/{stat}"] for r in last) / len(last) if last else None
+
+
+def _selected_clients(run_dir: Path, clients: Sequence[int]) -> Optional[float]:
+    """The mean over ``clients`` of each one's test metric at its own best validation evaluation (early stopping of
+    its personal model, as the run's ``selected_per_client``; the first of equal values), from ``metrics.jsonl``'s
+    ``per_client`` and ``per_client_val``; None when a client has no validation value."""
+    summary = read_summary(run_dir) or {}
+    higher = summary.get("higher_is_better", True) is not False
+    rows = read_records(run_dir / "metrics.jsonl")
+    values = []
+    for cid in clients:
+        best = None
+        for row in rows:
+            val = (row.get("per_client_val") or {}).get(str(cid))
+            test = (row.get("per_client") or {}).get(str(cid))
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (val, test)):
+                continue
+            if best is None or (val > best[0] if higher else val < best[0]):
+                best = (val, test)
+        if best is None:
+            return None
+        values.append(best[1])
+    return sum(values) / len(values) if values else None
+
+
+def _tuned_metric(metric: Mapping[str, Any]) -> Dict[str, Any]:
+    """The metric a tuned row is read with: the test metric at the evaluation chosen on validation -- the pooled
+    one for a weighted column, each named client's own for a per-client column, else the uniform mean's."""
+    key = metric["pflkit"]
+    chosen = "selected_weighted" if "weighted" in key else SELECTED_CLIENTS if key == "final_clients" else \
+        "selected_uniform"
+    return {**metric, "pflkit": chosen}
 
 
 def _no_value_reason(run: Mapping[str, Any], key: str) -> str:
@@ -285,8 +320,7 @@ def reproduce(table: Table, out_dir: Path, rows: Optional[Sequence[str]] = None,
             row = by_label[label[:-len(TUNED_SUFFIX)] if tuned else label]
             metric = table.metric_of(row.id, column)
             if tuned:  # the tuned runs are read at the round chosen on validation, never the best on test
-                metric = {**metric, "pflkit": "selected_weighted" if "weighted" in metric["pflkit"] else
-                          "selected_uniform"}
+                metric = _tuned_metric(metric)
             runs = [{**run, "metric": comparison["metric"]} for run in entry["runs"]]
             values = [v for v in (_run_value(run, metric["pflkit"], column.clients) for run in runs) if v is not None]
             scale_factor = 100.0 if metric["percent"] else 1.0
