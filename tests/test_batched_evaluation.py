@@ -141,10 +141,18 @@ def test_a_trainer_that_overrides_its_evaluation_is_scored_one_client_at_a_time(
     runner = sim.backend.batched
     assert runner.groups_run == 3 and runner.evaluations_run == 0  # the fit batched, the evaluation not
     assert "OwnEvaluation overrides evaluate_model()" in sim.batched_plan.evaluation
+    # the summary and run_info say how the evaluations were scored
+    assert res["clients_batched"]["evaluation"].startswith("per client: OwnEvaluation overrides")
+    assert res["clients_batched"]["evaluations_batched"] == 0 and res["clients_batched"]["groups_run"] == 3
     assert OwnEvaluation.calls == 3 * 6
     # the same numbers as FedAvg's trainer, whose evaluation is batched (the same batched fit)
     fedavg, ref = tiny_run("fedavg", tmp_path / "fedavg", MLP, ON)
     assert fedavg.backend.batched.evaluations_run == 3
+    assert ref["clients_batched"]["evaluation"] == "batched" and ref["clients_batched"]["evaluations_batched"] == 3
+    import json
+
+    info = json.loads((tmp_path / "fedavg" / "run_info.json").read_text())["entries"][0]["clients_batched"]
+    assert info["evaluation"] == "batched"
     for key in ("uniform", "weighted"):
         assert res["final"][key] == pytest.approx(ref["final"][key], rel=1e-4)
 
@@ -193,6 +201,7 @@ def test_a_failing_pass_falls_back_to_the_per_client_numbers(tmp_path, monkeypat
     runner = sim.backend.batched
     # tried once, then the run evaluates one client at a time
     assert runner.evaluation_fallbacks == 1 and runner.evaluation_refused and runner.evaluations_run == 0
+    assert res["clients_batched"]["evaluation_fallbacks"] == 1
     assert not sim.failures and res["client_failures"] == 0
     assert seen == exact_seen  # scored one at a time from the states received: the same numbers exactly
 

@@ -152,8 +152,11 @@ class BatchedPlan:
     evaluation: Optional[str] = field(default="not batched", compare=False)
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"mode": self.mode, "path": "batched" if self.batched else "sequential", "reason": self.reason,
-                "stack": self.stack}
+        out = {"mode": self.mode, "path": "batched" if self.batched else "sequential", "reason": self.reason,
+               "stack": self.stack}
+        if self.batched:  # and how their evaluations are scored (core/engine/batched_eval.py)
+            out["evaluation"] = "batched" if self.evaluation is None else f"per client: {self.evaluation}"
+        return out
 
 
 def decide(mode: str, trainer_cls: type, trainer_name: str, device: torch.device,

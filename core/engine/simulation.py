@@ -446,12 +446,22 @@ class Simulation(RoundLoop):
             "bytes_up_total": self.totals["bytes_up"],
             "bytes_down_total": self.totals["bytes_down"],
             "client_failures": self.totals["failures"],
-            "clients_batched": self.batched_plan.as_dict(),
+            "clients_batched": {**self.batched_plan.as_dict(), **self._batched_counts()},
             "clients_state": dict(self.client_state_plan),
             "checkpoint_bytes": self._checkpoint_bytes(),
             **({"shared_artifacts": list(self.server_ctx.artifacts.events)}
                if self.server_ctx.artifacts.events else {}),
         }
+
+    def _batched_counts(self) -> Dict[str, int]:
+        """This process's batched groups and evaluation passes, and the ones that fell back to one client at a time
+        (a resumed run counts from its resume)."""
+        runner = getattr(self.backend, "batched", None)
+        if runner is None or not self.batched_plan.batched:
+            return {}
+        return {"groups_run": int(runner.groups_run), "group_fallbacks": int(runner.fallbacks),
+                "evaluations_batched": int(runner.evaluations_run),
+                "evaluation_fallbacks": int(runner.evaluation_fallbacks)}
 
     def _checkpoint_bytes(self) -> Optional[int]:
         path = self.run_dir / CHECKPOINT_NAME
