@@ -673,11 +673,14 @@ def test_a_shared_flow_made_across_a_resume_records_its_whole_cost(tmp_path, tin
 
 
 def test_a_damaged_or_foreign_shared_flow_is_ignored_and_trained_again(tmp_path, tiny_sine, caplog):
+    import logging
+
     shared = tmp_path / "artifacts"
     run_sim(tmp_path, tiny_sine, name="maker", artifacts_dir=shared)
     (path,) = shared.glob("pcfl-flow-*.pt")
     path.write_bytes(b"not a torch file")
-    _, out = run_sim(tmp_path, tiny_sine, name="again", artifacts_dir=shared)
+    with caplog.at_level(logging.WARNING, logger="pflkit"):
+        _, out = run_sim(tmp_path, tiny_sine, name="again", artifacts_dir=shared)
     assert [e["action"] for e in out["shared_artifacts"]] == ["saved"]
     assert "ignored" in caplog.text
     # a file of the right format whose key is another run's (renamed onto this key's name) is not trusted either
@@ -685,7 +688,8 @@ def test_a_damaged_or_foreign_shared_flow_is_ignored_and_trained_again(tmp_path,
     run_sim(tmp_path, tiny_sine, ["aggregator.flow_lr=0.02"], name="other", artifacts_dir=other)
     (foreign,) = other.glob("pcfl-flow-*.pt")
     path.write_bytes(foreign.read_bytes())
-    _, out = run_sim(tmp_path, tiny_sine, name="third", artifacts_dir=shared)
+    with caplog.at_level(logging.WARNING, logger="pflkit"):
+        _, out = run_sim(tmp_path, tiny_sine, name="third", artifacts_dir=shared)
     assert [e["action"] for e in out["shared_artifacts"]] == ["saved"]
     assert "made for another key" in caplog.text
 
