@@ -18,10 +18,12 @@ streams, which the skipped work would have advanced.
 
 Runs share through a folder: ``fl compare`` and ``fl reproduce`` give their runs ``OUT/artifacts``; ``fl run
 --artifacts DIR`` another one; by default a run shares nothing (this class: ``load`` finds nothing, ``save`` keeps
-nothing). A distributed run shares nothing either (its ranks must take the same path). Each file is data, read
-with ``torch.load(weights_only=True)``; a damaged or foreign one is ignored with a warning, and the run computes the
-result. What a run loaded or saved is listed in its ``summary.json`` (``shared_artifacts``); its traffic totals
-count only the messages it sent.
+nothing). A distributed run shares nothing either (its ranks must take the same path). Each file is signed with
+this user's key (``verify.key``) and read as data (``torch.load(weights_only=True)``); a damaged, foreign or unsigned
+one is ignored with a warning, and the run computes the result. A run that loads a result counts the messages its
+maker sent between the unsuccessful ``load`` and the ``save`` as its own (the later messages keep their seeds, the
+traffic totals are a computing run's), so call ``load`` first. What a run loaded or saved is listed in its
+``summary.json`` (``shared_artifacts``).
 """
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ A file is ``<name>-<digest>.pt``, ``digest`` the SHA-256 of the canonical JSON o
 and the core's, ``run_key``). It holds the bytes of ``{"format", "key", "cost", "tensors", "made_by"}`` and their
 HMAC with this user's key (``common.userkey``, as ``fl compare`` keys the runs it reuses), and is read as data
 (``weights_only``): a file that does not load, is not signed with the key, names another key or holds anything but
-tensors is ignored with a warning, and the run computes the result and writes the file again. Files are written to a temporary name and
-renamed, so a reader never sees half a file; two runs that make the same result at once both write the same bits.
+tensors is ignored with a warning, and the run computes the result and writes the file again. Files are written to
+a temporary name and renamed, so a reader never sees half a file; two runs that make the same result at once both
+write the same tensors.
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from ..common.userkey import verify_key
 
 log = logging.getLogger("pflkit")
 FORMAT = "pflkit-artifact/1"
-MAX_ARTIFACT_BYTES = 4 << 30
-COST_KEYS = ("calls", "bytes_up", "bytes_down")  # what making a result cost in messages and traffic  # a file larger than this is not read back (it is not one pflkit wrote)
+MAX_ARTIFACT_BYTES = 4 << 30  # a file larger than this is not read back (it is not one pflkit wrote)
+COST_KEYS = ("calls", "bytes_up", "bytes_down")  # what making a result cost in messages and traffic
 # settings that say where data are read from, not what they are
 _LOCATION = {"dataset": ("root", "download")}
 
