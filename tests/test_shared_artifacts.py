@@ -172,3 +172,103 @@ def test_fl_run_refuses_artifacts_with_workers(tmp_path):
     assert result.exit_code == 2
     assert "--artifacts: a distributed run" in result.output and "Traceback" not in result.output
     assert not list(tmp_path.iterdir())
+
+
+# -- runs started at once make a result once (a lock on its make) -------------------------------------------------
+def _hold_lock(tmp_path, name="flow", key=None):
+    """Hold the make lock of ``name``/``key`` as another process would (a descriptor this process's folders don't
+    know of)."""
+    import fcntl
+
+    path, _ = folder(tmp_path)._path_and_key(name, key or {})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.stem + ".making"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _lock_is_free(tmp_path, name="flow", key=None) -> bool:
+    import fcntl
+
+    path, _ = folder(tmp_path)._path_and_key(name, key or {})
+    fd = os.open(path.with_name(path.stem + ".making"), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_a_run_waits_for_the_run_making_its_result_and_loads_it(tmp_path, caplog, monkeypatch):
+    import fcntl
+    import threading
+
+    import pflkit.core.storage.artifacts as artifacts
+
+    monkeypatch.setattr(artifacts, "WAIT_POLL_SECONDS", 0.02)
+    other = _hold_lock(tmp_path)     # another run missed the file first and is making it
+    maker_counter = Counter()
+    maker = folder(tmp_path, counter=maker_counter)
+    maker.pending[maker._path_and_key("flow", {})[0].name] = dict(maker_counter.now)
+    maker_counter.now = {"calls": 5, "bytes_up": 50, "bytes_down": 70}
+
+    def finish_the_make():
+        maker.save("flow", {}, {"w": torch.full((2,), 7.0)})
+        fcntl.flock(other, fcntl.LOCK_UN)
+        os.close(other)
+
+    timer = threading.Timer(0.3, finish_the_make)
+    waiter_counter = Counter()
+    waiter = folder(tmp_path, counter=waiter_counter)
+    timer.start()
+    with caplog.at_level(logging.INFO, logger="pflkit"):
+        got = waiter.load("flow", {})
+    timer.join()
+    assert got is not None and torch.equal(got["w"], torch.full((2,), 7.0))   # not made twice
+    assert "another run is making it; waiting" in caplog.text
+    assert waiter_counter.replayed == [{"calls": 5, "bytes_up": 50, "bytes_down": 70}] and not waiter.pending
+    assert not waiter.making and _lock_is_free(tmp_path)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_a_make_that_ends_unsaved_passes_to_the_waiting_run(tmp_path, caplog, monkeypatch):
+    import fcntl
+    import threading
+
+    import pflkit.core.storage.artifacts as artifacts
+
+    monkeypatch.setattr(artifacts, "WAIT_POLL_SECONDS", 0.02)
+    other = _hold_lock(tmp_path)
+
+    def maker_dies():  # its process ended: the kernel drops its lock, no file was written
+        fcntl.flock(other, fcntl.LOCK_UN)
+        os.close(other)
+
+    timer = threading.Timer(0.2, maker_dies)
+    waiter = folder(tmp_path)
+    timer.start()
+    with caplog.at_level(logging.INFO, logger="pflkit"):
+        assert waiter.load("flow", {}) is None      # it makes the result now, holding the lock
+    timer.join()
+    assert "ended without saving it; this run makes it" in caplog.text
+    assert not _lock_is_free(tmp_path)
+    waiter.save("flow", {}, {"w": torch.zeros(1)})
+    assert _lock_is_free(tmp_path) and not waiter.making
+    # a make given up without a save (its run ended: the core calls release) frees the lock too
+    quitter = folder(tmp_path)
+    assert quitter.load("flow", {"seed": 3}) is None and not _lock_is_free(tmp_path, key={"seed": 3})
+    quitter.release()
+    assert _lock_is_free(tmp_path, key={"seed": 3})
+
+
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_runs_of_one_process_never_wait_for_each_other(tmp_path):
+    first = folder(tmp_path)
+    assert first.load("flow", {}) is None           # holds the make
+    second = folder(tmp_path)
+    assert second.load("flow", {}) is None          # one process runs its runs in turn: no wait, no deadlock
+    first.save("flow", {}, {"w": torch.ones(1)})
+    assert folder(tmp_path).load("flow", {}) is not None

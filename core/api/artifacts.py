@@ -24,6 +24,11 @@ one is ignored with a warning, and the run computes the result. A run that loads
 maker sent between the unsuccessful ``load`` and the ``save`` as its own (the later messages keep their seeds, the
 traffic totals are a computing run's), so call ``load`` first. What a run loaded or saved is listed in its
 ``summary.json`` (``shared_artifacts``).
+
+Runs that start at once (``fl compare --jobs N``) do not make one result twice: the first whose ``load`` finds
+nothing makes it, holding a lock on the result (``fcntl.flock``, released when it saves, when its run ends, or when
+its process dies); another run's ``load`` of the same result waits for that lock and then reads the file, or makes
+the result itself when the maker ended without saving it. A make resumed from a checkpoint holds no lock.
 """
 from __future__ import annotations
 
@@ -49,4 +54,9 @@ class SharedArtifacts:
 
     def save(self, name: str, key: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
         """Keep ``tensors`` (a flat ``str -> Tensor`` mapping) for later runs with the same ``key``."""
+        return None
+
+    def release(self) -> None:
+        """The run ended (called by the core): give up the results it was making and did not save, so that a run
+        waiting for one makes it."""
         return None

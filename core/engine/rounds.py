@@ -161,8 +161,18 @@ class RoundLoop:
             if not interrupted and self.completed_round == self._checkpointed_round:
                 self._remove_spill_files()
         finally:
-            self.rundir.release()
+            self._release_locks()
         return result
+
+    def _release_locks(self) -> None:
+        """The run ends in this process: the run directory's lock and the shared set-up results it was making and
+        did not save (core.api.artifacts; a run waiting for one makes it)."""
+        try:
+            server_ctx = getattr(self, "server_ctx", None)
+            if server_ctx is not None:
+                server_ctx.artifacts.release()
+        finally:
+            self.rundir.release()
 
     def _end_stopped(self, exc: BaseException) -> None:
         """A run that failed (an error) or was stopped at once (a second Ctrl-C, SIGTERM) during ``run``.
@@ -183,7 +193,7 @@ class RoundLoop:
         try:
             self._record_stop(exc)
         finally:
-            self.rundir.release()
+            self._release_locks()
 
     def _record_stop(self, exc: BaseException) -> None:
         failed = isinstance(exc, Exception)

@@ -213,6 +213,9 @@ class Simulation(RoundLoop):
         logger = getattr(self, "logger", None)
         if logger is not None:
             logger.close()
+        server_ctx = getattr(self, "server_ctx", None)
+        if server_ctx is not None:  # a shared set-up result this start claimed goes to a run waiting for it
+            server_ctx.artifacts.release()
         self.rundir.abandon()
 
     def _start(self, cfg: EasyDict, backend: Optional[ExecutionBackend], _resume_state: Optional[Dict[str, Any]],

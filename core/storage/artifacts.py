@@ -5,8 +5,11 @@ and the core's, ``run_key``). It holds the bytes of ``{"format", "key", "cost", 
 HMAC with this user's key (``common.userkey``, as ``fl compare`` keys the runs it reuses), and is read as data
 (``weights_only``): a file that does not load, is not signed with the key, names another key or holds anything but
 tensors is ignored with a warning, and the run computes the result and writes the file again. Files are written to
-a temporary name and renamed, so a reader never sees half a file; two runs that make the same result at once both
-write the same tensors.
+a temporary name and renamed, so a reader never sees half a file. A run making a result holds ``fcntl.flock`` on
+``<name>-<digest>.making`` until it saves the file or ends; a run that finds neither file nor free lock waits for
+the lock (polling, so a second Ctrl-C still stops it) and reads the file, or makes the result when the maker ended
+without it. A lock this process already holds is never waited for (runs in one process come one after another);
+where flock is missing or fails the runs do not wait, and two that make the same result both write the same tensors.
 """
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ import importlib.util
 import io
 import json
 import logging
+import os
 import sys
+import time
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -26,8 +31,13 @@ import torch
 
 from ..api.artifacts import SharedArtifacts
 from ..common.errors import PflError
-from ..common.safefiles import ensure_dir, read_regular, write_atomic
+from ..common.safefiles import ensure_dir, open_rw, read_regular, write_atomic
 from ..common.userkey import verify_key
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover -- Windows: runs made at once may make one result twice
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("pflkit")
 FORMAT = "pflkit-artifact/1"
@@ -35,6 +45,9 @@ MAX_ARTIFACT_BYTES = 4 << 30  # a file larger than this is not read back (it is 
 COST_KEYS = ("calls", "bytes_up", "bytes_down")  # what making a result cost in messages and traffic
 # settings that say where data are read from, not what they are
 _LOCATION = {"dataset": ("root", "download")}
+MAKING_SUFFIX = ".making"  # the lock file a result's maker holds
+WAIT_POLL_SECONDS = 0.5  # how often a run waiting for another's make looks at the lock
+_HELD_BY_THIS_PROCESS: Dict[str, int] = {}  # lock file -> descriptor, for the makes this process holds
 
 
 @lru_cache(maxsize=None)
@@ -125,6 +138,7 @@ class ArtifactFolder(SharedArtifacts):
         # client's generator) and the same traffic totals as a run that computed it
         self.meter = meter
         self.replay = replay
+        self.making: Dict[str, int] = {}  # lock file -> descriptor: the results this run is making (flock held)
 
     def _path_and_key(self, name: str, key: Mapping[str, Any]):
         if not name or not all(ch.isalnum() or ch in "-_." for ch in name) or name.startswith("."):
@@ -135,7 +149,7 @@ class ArtifactFolder(SharedArtifacts):
 
     def load(self, name: str, key: Mapping[str, Any]) -> Optional[Dict[str, torch.Tensor]]:
         path, text = self._path_and_key(name, key)
-        if not path.exists():
+        if not path.exists() and not self._made_while_waiting(path):
             self._missed(path)
             return None
         try:
@@ -161,6 +175,70 @@ class ArtifactFolder(SharedArtifacts):
     def _missed(self, path: Path) -> None:
         if self.meter is not None:
             self.pending[path.name] = dict(self.meter())
+
+    def _made_while_waiting(self, path: Path) -> bool:
+        """The result is not there: claim its make (False: this run makes it, holding the lock), or wait for the
+        run making it and say whether its file is there now (True: read it; False: the maker ended without it and
+        this run makes it)."""
+        lock = path.with_name(path.stem + MAKING_SUFFIX)
+        if fcntl is None or str(lock) in _HELD_BY_THIS_PROCESS:
+            return False
+        try:
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.folder)
+            fd = open_rw(lock)
+        except (OSError, PflError) as exc:
+            log.warning("shared artifact %s: no lock for its make (%s); runs started at once may make it twice",
+                        path.name, exc)
+            return False
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited:
+                    log.info("shared artifact %s: another run is making it; waiting for it instead of making it "
+                             "again", path.name)
+                    waited = True
+                time.sleep(WAIT_POLL_SECONDS)
+            except OSError as exc:  # a file system without flock: no coordination
+                os.close(fd)
+                log.warning("shared artifact %s: no lock for its make (%s); runs started at once may make it "
+                            "twice", path.name, exc)
+                return False
+            except BaseException:
+                os.close(fd)
+                raise
+        if path.exists():  # made while this run waited (or between its look and its lock)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            return True
+        if waited:
+            log.info("shared artifact %s: the run making it ended without saving it; this run makes it", path.name)
+        _HELD_BY_THIS_PROCESS[str(lock)] = fd
+        self.making[str(lock)] = fd
+        return False
+
+    def _unlock(self, lock: str) -> None:
+        fd = self.making.pop(lock, None)
+        if fd is None:
+            return
+        _HELD_BY_THIS_PROCESS.pop(lock, None)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        for lock in list(self.making):
+            self._unlock(lock)
+
+    def __del__(self) -> None:  # a run dropped without ending must not keep a result it never saved locked
+        try:
+            self.release()
+        except Exception:
+            pass
 
     @staticmethod
     def _problem(doc: Any, text: str) -> Optional[str]:
@@ -204,5 +282,7 @@ class ArtifactFolder(SharedArtifacts):
         except (OSError, PflError) as exc:  # the run has its result; only later runs miss it
             log.warning("shared artifact %s not saved: %s", path, exc)
             return
+        finally:
+            self._unlock(str(path.with_name(path.stem + MAKING_SUFFIX)))
         self.events.append({"name": name, "action": "saved", "file": str(path)})
         log.info("shared artifact %s saved for later runs", path.name)

@@ -660,10 +660,20 @@ def test_without_a_flow_seed_each_seed_trains_its_own_flow(tmp_path, tiny_sine):
 
 
 def test_a_shared_flow_made_across_a_resume_records_its_whole_cost(tmp_path, tiny_sine):
+    import fcntl
+    import os
+
     shared = tmp_path / "artifacts"
     cut = Simulation(pcfl_cfg(tiny_sine), run_dir=tmp_path / "cut", tensorboard=False, artifacts_dir=shared)
     assert cut.run(stop_in_setup=1)["interrupted"]
     assert not list(shared.glob("*.pt"))
+    # the paused run gave up its make's lock (the core releases it as the run ends): a run started now would make it
+    (lock,) = shared.glob("pcfl-flow-*.making")
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
     Simulation.resume(tmp_path / "cut", tensorboard=False, artifacts_dir=shared).run()
     _, whole = run_sim(tmp_path, tiny_sine, name="whole")
     _, loaded = run_sim(tmp_path, tiny_sine, name="loaded", artifacts_dir=shared)
@@ -700,7 +710,8 @@ def test_the_seeds_of_a_comparison_share_one_flow(tmp_path, tiny_sine):
     layer = _authors(tiny_sine)
     layer["partition"]["seed"] = 0
     layer["aggregator"]["flow_seed"] = 0
-    run_comparison(["pcfl"], [0, 1], [layer], tmp_path / "out")
+    # jobs=2: both seeds start at once in two processes; the one that finds the make taken waits for it
+    run_comparison(["pcfl"], [0, 1], [layer], tmp_path / "out", jobs=2)
     actions = {p.parent.name: [e["action"] for e in json.loads(p.read_text())["shared_artifacts"]]
                for p in (tmp_path / "out" / "runs").glob("*/summary.json")}
     assert sorted(actions.values()) == [["loaded"], ["saved"]]
