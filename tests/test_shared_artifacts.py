@@ -161,6 +161,42 @@ def test_the_core_key_covers_data_code_and_threads(monkeypatch):
     assert set(code_digest(())) == {"pflkit"} and len(code_digest(())["pflkit"]) == 64
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
     assert run_key(cfg, "ab", ())["threads"] == 7
+    # the device is the run's resolved type: 'auto' on a machine without a GPU is 'cpu', as a run with device = cpu
+    auto = resolve([{"dataset": {"name": "digits"}, "device": "auto"}], algorithm="fedavg")
+    assert run_key(auto, "ab", (), device="cpu")["device"] == run_key(cfg, "ab", (), device="cpu")["device"] == "cpu"
+    assert run_key(cfg, "ab", (), device="cuda")["device"] == "cuda"
+
+
+def test_the_code_digest_covers_what_an_import_reads_only(tmp_path, monkeypatch):
+    """A namespace package (pflkit) spread over two folders -- a checkout and a stray install that no import reads
+    -- digests its parts as imported: the stray copy changes nothing, an edit of the imported code does."""
+    import importlib
+    import sys
+
+    from pflkit.core.storage.artifacts import package_digest
+
+    def write(root, text):
+        (root / "nsdemo" / "core").mkdir(parents=True, exist_ok=True)
+        (root / "nsdemo" / "core" / "__init__.py").write_text(text)
+
+    def digest(*roots):
+        for name in [m for m in sys.modules if m == "nsdemo" or m.startswith("nsdemo.")]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setattr(sys, "path", [str(r) for r in roots] + sys.path)
+        importlib.invalidate_caches()
+        package_digest.cache_clear()
+        return package_digest("nsdemo")
+
+    used, stray = tmp_path / "checkout", tmp_path / "site-packages"
+    write(used, "x = 1\n")
+    write(stray, "x = 2  # an older install, shadowed\n")
+    alone = digest(used)
+    assert len(alone) == 64 and digest(used, stray) == alone
+    write(used, "x = 3\n")
+    assert digest(used, stray) != alone
+    (tmp_path / "single.py").write_text("y = 1\n")   # a plugin that is one module
+    assert len(digest(tmp_path)) == 64 and package_digest("single") != ""
+    package_digest.cache_clear()
 
 
 def test_a_comparison_shares_through_its_own_folder(tmp_path):

@@ -329,7 +329,8 @@ class Simulation(RoundLoop):
         distributed run, whose ranks must all take the same path (one might find a file another did not)."""
         if folder is None or isinstance(rank, int):
             return SharedArtifacts()
-        key = run_key(self.cfg, self.partition_sha256, (self.aggregator_cls, self.trainer_cls))
+        key = run_key(self.cfg, self.partition_sha256, (self.aggregator_cls, self.trainer_cls),
+                      device=self.device.type)
         return ArtifactFolder(Path(folder), key, run_dir=self.run_dir, meter=self._artifact_meter,
                               replay=self._artifact_replay)
 

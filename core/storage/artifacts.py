@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import os
+import pkgutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -52,19 +53,30 @@ _HELD_BY_THIS_PROCESS: Dict[str, int] = {}  # lock file -> descriptor, for the m
 
 @lru_cache(maxsize=None)
 def package_digest(package: str) -> str:
-    """SHA-256 over the ``.py`` files of an importable top-level package (relative path and bytes, sorted): the
-    code that computes a result. '' when the package has no source folder."""
+    """SHA-256 of the code an import of ``package`` runs: a package's ``.py`` files (relative path and bytes,
+    sorted), a single-file module's bytes; '' when there is no source. A namespace package (``pflkit``: no
+    ``__init__.py``; its parts may lie in several folders, e.g. an editable checkout and a stray install in the
+    system site-packages) is the digest of its parts *as imported* -- each part from the one folder an import finds
+    it in -- so a folder that an import never reads does not change the key."""
     spec = importlib.util.find_spec(package)
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if spec is None:
+        return ""
+    folders = list(spec.submodule_search_locations or [])
     h = hashlib.sha256()
-    for folder in folders:
-        root = Path(folder)
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(b"\0")
-            h.update(path.read_bytes())
-            h.update(b"\0")
-    return h.hexdigest() if folders else ""
+    if spec.origin is None and folders:  # a namespace package
+        parts = sorted({m.name for m in pkgutil.iter_modules(folders)})
+        h.update(_canonical({name: package_digest(f"{package}.{name}") for name in parts}).encode())
+        return h.hexdigest()
+    if not folders:  # a module, not a package
+        origin = Path(spec.origin or "")
+        return hashlib.sha256(origin.read_bytes()).hexdigest() if origin.suffix == ".py" and origin.is_file() else ""
+    root = Path(folders[0])
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def code_digest(classes: Iterable[type]) -> Dict[str, str]:
@@ -78,17 +90,19 @@ def code_digest(classes: Iterable[type]) -> Dict[str, str]:
     return {p: package_digest(p) for p in sorted(packages)}
 
 
-def run_key(cfg: Mapping[str, Any], partition_sha256: str, classes: Iterable[type]) -> Dict[str, Any]:
-    """The core's part of every key: the clients' data, the code, torch, the device type and the thread count."""
+def run_key(cfg: Mapping[str, Any], partition_sha256: str, classes: Iterable[type],
+            device: Optional[str] = None) -> Dict[str, Any]:
+    """The core's part of every key: the clients' data, the code, torch, the device type (``device``: the run's
+    resolved one, e.g. 'cpu' for ``device = auto`` on a machine without a GPU) and the thread count."""
     data = {}
     for section in ("dataset", "partition", "split"):
         values = dict(cfg.get(section) or {})
         for key in _LOCATION.get(section, ()):
             values.pop(key, None)
         data[section] = values
-    device = str(cfg.get("device", "cpu"))
+    device = str(device if device is not None else cfg.get("device", "cpu"))
     return {"data": data, "partition_sha256": partition_sha256, "code": code_digest(classes),
-            "torch": torch.__version__, "device": "cuda" if device.startswith("cuda") else device,
+            "torch": torch.__version__, "device": device.split(":")[0],
             "threads": torch.get_num_threads()}
 
 
