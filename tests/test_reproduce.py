@@ -187,11 +187,20 @@ def test_table_registered_in_process_is_listed_and_checked(registries_snapshot):
      "rows[0].metric (column third): pflkit = 'final_weighted' in a column that scores clients by id"),
     (('source = "defaults"', 'source = "defaults"\nmetric = { modle = "personal", note = "x" }'),
      "rows[0].metric: unknown key 'modle'. Did you mean 'model'?"),
+    # "the mean of the last k rounds" averages the evaluations of exactly those rounds
+    (("eval = { final_k = 1 }", "eval = { final_k = 2 }"),
+     "column mean: eval.final_k = 2: the metric is the mean of the last 1 rounds; set eval.final_k = 1"),
+    (("k = 1\n", "k = 3\n"), "eval.final_k = 1: the metric is the mean of the last 3 rounds"),
+    (("k = 1\n", "k = 3\n", "eval = { final_k = 1 }", "eval = { final_k = 3, every = 5 }"),
+     "eval.every = 5: the metric is the mean of the last 3 rounds, but the last 3 evaluations are of rounds 10-20"),
 ])
 def test_bad_table_file_is_one_line_exit_2(tmp_path, edit, words):
     path = tmp_path / "bad.toml"
-    assert edit[0] in TINY_TABLE
-    path.write_text(TINY_TABLE.replace(edit[0], edit[1], 1))
+    text = TINY_TABLE
+    for before, after in zip(edit[::2], edit[1::2]):
+        assert before in text
+        text = text.replace(before, after, 1)
+    path.write_text(text)
     line = one_line_error(run("--check", "--table-file", str(path)))
     assert words in line, line
     assert not list(tmp_path.glob("reproduce-*"))

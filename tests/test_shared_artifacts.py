@@ -308,3 +308,25 @@ def test_runs_of_one_process_never_wait_for_each_other(tmp_path):
     assert second.load("flow", {}) is None          # one process runs its runs in turn: no wait, no deadlock
     first.save("flow", {}, {"w": torch.ones(1)})
     assert folder(tmp_path).load("flow", {}) is not None
+
+
+def test_the_estimates_measuring_run_shares_the_comparisons_results(tmp_path, monkeypatch):
+    """fl reproduce first measures one run per row, which the comparison then resumes: that run must use the
+    comparison's OUT/artifacts (else PCFL's measuring run trains the flow its seeds were to load)."""
+    import pflkit.core.engine.simulation as simulation
+    from pflkit.core.results.estimate import measure_run
+    from pflkit.core.testing import resolve
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, cfg, **kwargs):
+            seen.update(kwargs)
+
+        def run(self, stop_after=None, on_setup=None):
+            return {"rounds_completed": stop_after}
+
+    monkeypatch.setattr(simulation, "Simulation", Recorder)
+    run_dir = tmp_path / "out" / "runs" / "pcfl-seed0"
+    measure_run(resolve([{"rounds": 5}], algorithm="fedavg"), run_dir)
+    assert seen["artifacts_dir"] == tmp_path / "out" / "artifacts" == artifacts_of(run_dir)

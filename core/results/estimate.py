@@ -94,13 +94,16 @@ def measure_run(cfg: Any, run_dir: Path, on_setup: Optional[Callable[[str], None
     one-line reason it failed (the comparison then reruns it and reports the failure). ``on_setup`` receives the
     run's set-up lines as they happen (a set-up can take minutes)."""
     from ..engine.simulation import Simulation
-    from .compare import _reason
+    from .compare import _reason, artifacts_of
 
     started = time.perf_counter()
     wanted = measured_rounds(int(cfg.rounds))
     try:
         with _one_torch_thread():  # the comparison's runs use one torch thread: so does their measurement
-            summary = Simulation(cfg, run_dir=run_dir, progress=False).run(stop_after=wanted, on_setup=on_setup)
+            # it shares the comparison's set-up results (OUT/artifacts) like the runs it stands for: it may be the one
+            # that makes a result (PCFL's flow) the others load, or load one another made
+            summary = Simulation(cfg, run_dir=run_dir, progress=False, artifacts_dir=artifacts_of(Path(run_dir))) \
+                .run(stop_after=wanted, on_setup=on_setup)
     except Exception as exc:  # a plugin's bug or a bad setting: the comparison runs it again and reports it
         return {"failed": _reason(exc)}
     if summary.get("rounds_completed", 0) < wanted:  # Ctrl-C paused it earlier (checkpointed): stop here too

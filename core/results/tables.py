@@ -395,6 +395,24 @@ def installed_table(name: str) -> Table:
     return parse_table(name, reg.TABLES.get(name))
 
 
+def _check_rounds_scored(metric: Dict[str, Any], cfg: Any) -> None:
+    """A cell scored as the mean of the paper's last k rounds must average the evaluations of exactly those rounds:
+    a plugin's default ``eval.every`` (PCFL's is 5, to save time) would otherwise make its "last 10 rounds" the
+    evaluations of rounds 5, 10, ..., 50 while the other rows average rounds 41-50. The core evaluates every
+    ``eval.every``-th round and the last one (core/engine/rounds.py)."""
+    if metric.get("round") != "last_k":
+        return
+    k, every, final_k, rounds = int(metric["k"]), int(cfg.eval.every), int(cfg.eval.final_k), int(cfg.rounds)
+    if final_k != k:
+        raise ConfigError(f"eval.final_k = {final_k}: the metric is the mean of the last {k} rounds; set "
+                          f"eval.final_k = {k}")
+    scored = [r for r in range(1, rounds + 1) if r % every == 0 or r == rounds][-k:]
+    if scored != list(range(max(1, rounds - k + 1), rounds + 1)):
+        raise ConfigError(f"eval.every = {every}: the metric is the mean of the last {k} rounds, but the last {k} "
+                          f"evaluations are of rounds {scored[0]}-{scored[-1]} (every {every}th); set eval = "
+                          f"{{ every = 1 }} in the table's settings")
+
+
 def check_table(table: Table) -> int:
     """Resolve every cell's config (paper and quick scale) without loading data: known algorithms, valid option
     values, valid configs. Returns the number of cells checked; ConfigError naming the cell otherwise."""
@@ -420,7 +438,9 @@ def check_table(table: Table) -> int:
                     if entry.algorithm not in reg.ALGORITHMS:
                         raise ConfigError(f"unknown algorithm '{entry.algorithm}'."
                                           f"{did_you_mean(entry.algorithm, reg.ALGORITHMS.names())}")
-                    resolve([layer, parse_sets(entry.sets), {"seed": 0}], algorithm=entry.algorithm)
+                    cfg = resolve([layer, parse_sets(entry.sets), {"seed": 0}], algorithm=entry.algorithm)
+                    if not quick:
+                        _check_rounds_scored(table.metric_of(row.id, column), cfg)
                 except PflError as exc:
                     raise ConfigError(f"{where}: {exc}") from None
                 cells += not quick
