@@ -330,3 +330,30 @@ def test_the_estimates_measuring_run_shares_the_comparisons_results(tmp_path, mo
     run_dir = tmp_path / "out" / "runs" / "pcfl-seed0"
     measure_run(resolve([{"rounds": 5}], algorithm="fedavg"), run_dir)
     assert seen["artifacts_dir"] == tmp_path / "out" / "artifacts" == artifacts_of(run_dir)
+
+
+def test_a_studys_trials_share_through_the_studys_folder(tmp_path, monkeypatch):
+    """fl tune: a trial's run uses STUDY/artifacts, so PCFL's flow (its options are not searched) is trained by the
+    first trial and loaded by the others."""
+    optuna = pytest.importorskip("optuna")
+    import pflkit.core.engine.simulation as simulation
+    from pflkit.core.results.tuning import STUDY_NAME, TRIALS_DIR, _storage, run_trial
+    from pflkit.core.testing import resolve
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, cfg, **kwargs):
+            seen.update(kwargs)
+
+        def run(self, on_round=None):
+            return {"rounds_completed": 1}
+
+    monkeypatch.setattr(simulation, "Simulation", Recorder)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name=STUDY_NAME, storage=_storage(url), direction="maximize")
+    trial = study.ask()
+    run_dir = tmp_path / TRIALS_DIR / "trial-0000"
+    run_trial(url, trial._trial_id, "none", resolve([{"rounds": 1}], algorithm="fedavg"), run_dir,
+              "val_accuracy/uniform", "best", True)
+    assert seen["artifacts_dir"] == tmp_path / "artifacts" == artifacts_of(run_dir)

@@ -273,7 +273,7 @@ def run_trial(url: str, trial_id: int, pruner: str, cfg: Any, run_dir: Path, met
     from ..engine.simulation import Simulation
     from ..storage.checkpoint import checkpoint_exists
     from ..storage.rundata import read_records, read_summary
-    from .compare import _one_torch_thread, _reason
+    from .compare import _one_torch_thread, _reason, artifacts_of
 
     optuna = _optuna()
     study = optuna.load_study(study_name=STUDY_NAME, storage=_storage(url), pruner=_pruner(pruner))
@@ -294,6 +294,9 @@ def run_trial(url: str, trial_id: int, pruner: str, cfg: Any, run_dir: Path, met
             return True
         return False
 
+    # a study's trials share set-up results (core.api.artifacts) through STUDY/artifacts: PCFL's flow, keyed by its
+    # options and the data (the validation split included), is trained once for the trials that vary other options
+    shared = artifacts_of(run_dir)
     try:
         with _one_torch_thread():
             summary = read_summary(run_dir) if run_dir.is_dir() else None
@@ -301,7 +304,7 @@ def run_trial(url: str, trial_id: int, pruner: str, cfg: Any, run_dir: Path, met
                 pass  # the tuner was killed after this run ended: its numbers are on disk
             else:
                 if run_dir.is_dir() and (checkpoint_exists(run_dir) or (run_dir / "config.json").is_file()):
-                    sim = Simulation.resume(run_dir, progress=False, tensorboard=False)
+                    sim = Simulation.resume(run_dir, progress=False, tensorboard=False, artifacts_dir=shared)
                     for record in read_records(run_dir / "metrics.jsonl"):  # what the pruner saw before
                         if 1 <= record["round"] <= sim.completed_round and isinstance(record.get(metric), (int, float)) \
                                 and math.isfinite(record[metric]):
@@ -309,7 +312,8 @@ def run_trial(url: str, trial_id: int, pruner: str, cfg: Any, run_dir: Path, met
                 else:
                     if run_dir.exists():  # a start that left no configuration: nothing in it to keep
                         shutil.rmtree(run_dir)
-                    sim = Simulation(cfg, run_dir=run_dir, progress=False, tensorboard=False)
+                    sim = Simulation(cfg, run_dir=run_dir, progress=False, tensorboard=False,
+                                     artifacts_dir=shared)
                 summary = sim.run(on_round=on_round)
     except KeyboardInterrupt:
         return TrialResult("interrupted", None, "Ctrl-C", time.perf_counter() - started, 0)

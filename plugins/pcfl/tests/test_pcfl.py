@@ -716,3 +716,4 @@ def test_the_seeds_of_a_comparison_share_one_flow(tmp_path, tiny_sine):
                for p in (tmp_path / "out" / "runs").glob("*/summary.json")}
     assert sorted(actions.values()) == [["loaded"], ["saved"]]
     assert len(list((tmp_path / "out" / "artifacts").glob("pcfl-flow-*.pt"))) == 1
+
