@@ -547,3 +547,23 @@ def test_help_names_the_keys_that_keep_the_papers_setting():
     assert f"({', '.join(NEUTRAL_SET_KEYS)}) keep the paper's setting" in text
     docs = (Path(__file__).resolve().parents[1] / "docs" / "reproducing.md").read_text()
     assert all(f"`{k}`" in docs for k in NEUTRAL_SET_KEYS)
+
+
+def test_a_row_paused_before_its_first_round_is_not_measured_again(tmp_path):
+    """A run paused in its set-up (PCFL's flow: hours) is resumed by the comparison; the estimate does not start
+    another seed of its row beside it, which would make that set-up a second time: the row is left untimed."""
+    from pflkit.core.results.estimate import estimate_comparisons
+    from pflkit.core.results.tables import parse_table, read_table_file
+
+    path = tmp_path / "five.toml"
+    path.write_text(TINY_TABLE.replace("rounds = 20", "rounds = 5"))
+    table = parse_table(*read_table_file(str(path)))
+    folder = tmp_path / "out" / "mean"
+    settings = [(folder, table.layer(table.columns[0]))]
+    first = estimate_comparisons(settings, ["fedavg"], [0])        # measures seed 0: paused after its first rounds
+    assert first.measured == 1 and (folder / "runs" / "fedavg-seed0" / "checkpoint.pt").is_file()
+    (folder / "runs" / "fedavg-seed0" / "metrics.jsonl").unlink()  # as if paused before round 1: no rounds logged
+    (folder / "timing.json").unlink()
+    again = estimate_comparisons(settings, ["fedavg"], [0, 1])
+    assert (again.measured, again.unknown) == (0, 2)
+    assert not (folder / "runs" / "fedavg-seed1").exists()

@@ -177,6 +177,10 @@ def estimate_comparisons(settings: Sequence[Tuple[Path, Mapping[str, Any]]], spe
         if timed is not None:
             known[folder, label] = timed
             continue
+        if any(s == "resume" for _, _, s in runs):
+            # a run of this row is under way, paused before its first round: measuring another would start a second
+            # set-up beside it (PCFL's flow: hours, made once for every seed); it is timed once its rounds are logged
+            continue
         fresh = next(((d, c) for d, c, s in runs if s is None), None)
         if fresh is not None:
             to_measure.append((folder, label, *fresh))
