@@ -106,6 +106,11 @@ def run_key(cfg: Mapping[str, Any], partition_sha256: str, classes: Iterable[typ
             "threads": torch.get_num_threads()}
 
 
+def _lock_path(path: Path) -> Path:
+    """The lock file the maker of the result ``path`` holds."""
+    return path.with_name(path.stem + MAKING_SUFFIX)
+
+
 class _Unsigned(Exception):
     """A file not signed with this user's key."""
 
@@ -194,12 +199,11 @@ class ArtifactFolder(SharedArtifacts):
         """The result is not there: claim its make (False: this run makes it, holding the lock), or wait for the
         run making it and say whether its file is there now (True: read it; False: the maker ended without it and
         this run makes it)."""
-        lock = path.with_name(path.stem + MAKING_SUFFIX)
+        lock = _lock_path(path)
         if fcntl is None or str(lock) in _HELD_BY_THIS_PROCESS:
             return False
         try:
-            self.folder.parent.mkdir(parents=True, exist_ok=True)
-            ensure_dir(self.folder)
+            self._ensure_folder()
             fd = open_rw(lock)
         except (OSError, PflError) as exc:
             log.warning("shared artifact %s: no lock for its make (%s); runs started at once may make it twice",
@@ -233,6 +237,10 @@ class ArtifactFolder(SharedArtifacts):
         _HELD_BY_THIS_PROCESS[str(lock)] = fd
         self.making[str(lock)] = fd
         return False
+
+    def _ensure_folder(self) -> None:
+        self.folder.parent.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.folder)
 
     def _unlock(self, lock: str) -> None:
         fd = self.making.pop(lock, None)
@@ -290,13 +298,12 @@ class ArtifactFolder(SharedArtifacts):
         torch.save({"format": FORMAT, "body": torch.frombuffer(bytearray(data), dtype=torch.uint8),
                     "hmac": _keyed(data)}, buffer)
         try:
-            self.folder.parent.mkdir(parents=True, exist_ok=True)
-            ensure_dir(self.folder)
+            self._ensure_folder()
             write_atomic(path, buffer.getvalue())
         except (OSError, PflError) as exc:  # the run has its result; only later runs miss it
             log.warning("shared artifact %s not saved: %s", path, exc)
             return
         finally:
-            self._unlock(str(path.with_name(path.stem + MAKING_SUFFIX)))
+            self._unlock(str(_lock_path(path)))
         self.events.append({"name": name, "action": "saved", "file": str(path)})
         log.info("shared artifact %s saved for later runs", path.name)
