@@ -310,6 +310,36 @@ def test_runs_of_one_process_never_wait_for_each_other(tmp_path):
     assert folder(tmp_path).load("flow", {}) is not None
 
 
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_a_resumed_make_takes_its_lock_again(tmp_path, caplog):
+    """A run paused in the middle of a make (its checkpoint keeps ``pending``) holds the make's lock again once
+    resumed, so that a run started beside it waits instead of making the result a second time."""
+    paused = folder(tmp_path)
+    assert paused.load("flow", {}) is None
+    pending = dict(paused.pending)
+    paused.release()                                   # the run ended (Ctrl-C): the lock is free
+    assert _lock_is_free(tmp_path)
+    resumed = folder(tmp_path)
+    resumed.pending.update(pending)                    # what the core restores from the checkpoint
+    resumed.reclaim()
+    assert not _lock_is_free(tmp_path) and resumed.making
+    resumed.save("flow", {}, {"w": torch.ones(1)})
+    assert _lock_is_free(tmp_path) and not resumed.making
+    # the checkpoint's names are data: one that is not a result file's name in the folder is never opened
+    odd = folder(tmp_path)
+    odd.pending.update({"../../escape.pt": {}, "x/y.pt": {}, ".hidden.pt": {}})
+    odd.reclaim()
+    assert not odd.making and not (tmp_path / "escape.making").exists()
+    # another run started the make while this one was paused: both make it (said), nothing is held
+    other = _hold_lock(tmp_path, key={"seed": 2})
+    late = folder(tmp_path)
+    late.pending[late._path_and_key("flow", {"seed": 2})[0].name] = {}
+    with caplog.at_level(logging.WARNING, logger="pflkit"):
+        late.reclaim()
+    os.close(other)
+    assert not late.making and "started making it while this run was paused" in caplog.text
+
+
 def test_the_estimates_measuring_run_shares_the_comparisons_results(tmp_path, monkeypatch):
     """fl reproduce first measures one run per row, which the comparison then resumes: that run must use the
     comparison's OUT/artifacts (else PCFL's measuring run trains the flow its seeds were to load)."""

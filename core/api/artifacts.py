@@ -28,7 +28,8 @@ traffic totals are a computing run's), so call ``load`` first. What a run loaded
 Runs that start at once (``fl compare --jobs N``) do not make one result twice: the first whose ``load`` finds
 nothing makes it, holding a lock on the result (``fcntl.flock``, released when it saves, when its run ends, or when
 its process dies); another run's ``load`` of the same result waits for that lock and then reads the file, or makes
-the result itself when the maker ended without saving it. A make resumed from a checkpoint holds no lock.
+the result itself when the maker ended without saving it. A run resumed in the middle of a make takes its lock
+again (``reclaim``, called by the core), unless another run took it meanwhile.
 """
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ class SharedArtifacts:
 
     def save(self, name: str, key: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
         """Keep ``tensors`` (a flat ``str -> Tensor`` mapping) for later runs with the same ``key``."""
+        return None
+
+    def reclaim(self) -> None:
+        """The run resumed from a checkpoint (called by the core): take the locks of the results it was making
+        (``pending``) again, so that a run started beside it waits for the make instead of starting its own."""
         return None
 
     def release(self) -> None:

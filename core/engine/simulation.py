@@ -413,6 +413,7 @@ class Simulation(RoundLoop):
         shared = state.get("shared_artifacts") or {}
         self.server_ctx.artifacts.events[:0] = [dict(e) for e in shared.get("events", [])]
         self.server_ctx.artifacts.pending.update({str(k): dict(v) for k, v in shared.get("pending", {}).items()})
+        self.server_ctx.artifacts.reclaim()  # a make paused by the checkpoint holds its lock again
         self.failures = list(state["failures"])
         set_rng_state(state["rng"])
         self._checkpointed_round = self.completed_round

@@ -106,6 +106,12 @@ def run_key(cfg: Mapping[str, Any], partition_sha256: str, classes: Iterable[typ
             "threads": torch.get_num_threads()}
 
 
+def _is_result_file_name(name: str) -> bool:
+    """``name`` is a result file's name in the folder (``<name>-<digest>.pt``), not a path."""
+    return (name.endswith(".pt") and not name.startswith(".")
+            and all(ch.isalnum() or ch in "-_." for ch in name))
+
+
 def _lock_path(path: Path) -> Path:
     """The lock file the maker of the result ``path`` holds."""
     return path.with_name(path.stem + MAKING_SUFFIX)
@@ -237,6 +243,32 @@ class ArtifactFolder(SharedArtifacts):
         _HELD_BY_THIS_PROCESS[str(lock)] = fd
         self.making[str(lock)] = fd
         return False
+
+    def reclaim(self) -> None:
+        for name in self.pending:
+            if fcntl is None or not _is_result_file_name(name):  # the checkpoint's names are data: no path
+                continue
+            path = self.folder / name
+            if path.exists():
+                continue
+            lock = _lock_path(path)
+            if str(lock) in _HELD_BY_THIS_PROCESS:
+                continue
+            try:
+                self._ensure_folder()
+                fd = open_rw(lock)
+            except (OSError, PflError) as exc:
+                log.warning("shared artifact %s: no lock for its resumed make (%s)", name, exc)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # another run started making it while this one was paused: both make it
+                os.close(fd)
+                log.warning("shared artifact %s: another run started making it while this run was paused; both "
+                            "make it", name)
+                continue
+            _HELD_BY_THIS_PROCESS[str(lock)] = fd
+            self.making[str(lock)] = fd
 
     def _ensure_folder(self) -> None:
         self.folder.parent.mkdir(parents=True, exist_ok=True)

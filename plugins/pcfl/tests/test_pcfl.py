@@ -674,7 +674,16 @@ def test_a_shared_flow_made_across_a_resume_records_its_whole_cost(tmp_path, tin
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(fd)
-    Simulation.resume(tmp_path / "cut", tensorboard=False, artifacts_dir=shared).run()
+    resumed = Simulation.resume(tmp_path / "cut", tensorboard=False, artifacts_dir=shared)
+    # resumed in the middle of the make, the run holds its lock again: a run started beside it waits for the flow
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        resumed.run()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # saved: the lock is free
+    finally:
+        os.close(fd)
     _, whole = run_sim(tmp_path, tiny_sine, name="whole")
     _, loaded = run_sim(tmp_path, tiny_sine, name="loaded", artifacts_dir=shared)
     assert [e["action"] for e in loaded["shared_artifacts"]] == ["loaded"]
